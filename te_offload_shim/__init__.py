@@ -1,0 +1,185 @@
+"""te_offload_shim: drop Transformer Engine's cached FP8 weight copies when a Megatron model is
+offloaded, in verl < 0.9, Megatron's own offload and the other Megatron RL frameworks.
+
+`import te_offload_shim` installs the shim: it watches for the target modules and wraps their
+offload functions when they are imported. Until then nothing beyond the standard library is
+imported. `TE_OFFLOAD_SHIM=0` turns the package into a no-op.
+"""
+
+from __future__ import annotations
+
+import _thread
+import sys
+
+from . import _config, _watch
+from .targets import BUILTIN, Target, parse_user_targets
+
+TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start
+
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+    from .te_caches import CacheReport
+
+__version__ = "0.1.0"
+__all__ = [
+    "clear_fp8_workspaces",
+    "install",
+    "installed",
+    "ray_setup",
+    "scan",
+    "stats",
+    "status",
+    "uninstall",
+]
+
+_lock = _thread.RLock()
+_installed = False
+_targets: tuple[Target, ...] = ()
+_problems: list[str] = []
+_hook_errors: list[str] = []
+
+
+def _warn(key: str, message: str, *args: object) -> None:
+    from ._log import warn_once
+
+    warn_once(key, message, *args)
+
+
+def _on_hook_error(module: str, exc: BaseException) -> None:
+    _hook_errors.append(f"{module}: {type(exc).__name__}: {exc}")
+    _warn(f"hook:{module}", "te_offload_shim: patching %s failed (%r); it runs unpatched", module, exc)
+
+
+def _on_import(module: ModuleType) -> None:
+    from . import _patch
+
+    for target in _targets:
+        if target.module == module.__name__:
+            _patch.apply(target, module)
+
+
+def all_targets() -> tuple[Target, ...]:
+    """The built-in table plus `TE_OFFLOAD_SHIM_TARGETS`, as installed (or as they would be)."""
+    if _installed:
+        return _targets
+    user, _ = parse_user_targets(_config.user_targets())
+    return (*BUILTIN, *user)
+
+
+def install() -> bool:
+    """Watch every target module and patch it on import (at once if already imported).
+
+    Idempotent and thread-safe. Returns False when `TE_OFFLOAD_SHIM=0`."""
+    global _installed, _targets
+    if not _config.enabled():
+        return False
+    with _lock:
+        if _installed:
+            return True
+        user, problems = parse_user_targets(_config.user_targets())
+        _problems[:] = problems
+        for problem in problems:
+            _warn(f"user-target:{problem}", "te_offload_shim: ignoring %s entry %s", _config.TARGETS, problem)
+        _targets = (*BUILTIN, *user)
+        _installed = True
+        _watch.set_error_handler(_on_hook_error)
+        for module in dict.fromkeys(t.module for t in _targets):
+            _watch.watch(module, _on_import)
+    return True
+
+
+def uninstall() -> int:
+    """Stop watching, restore every original (module attributes and rebound aliases).
+
+    Returns how many patched attributes were restored. `install()` works again afterwards."""
+    global _installed
+    with _lock:
+        _watch.unwatch_all()
+        restored = 0
+        patch = sys.modules.get(f"{__name__}._patch")
+        if patch is not None:
+            restored = patch.unpatch_all()
+        _installed = False
+        return restored
+
+
+def installed() -> bool:
+    return _installed
+
+
+def status() -> dict[str, Any]:
+    """What this process has: switches, and for each target whether it is imported and patched."""
+    patch = sys.modules.get(f"{__name__}._patch")
+    disabled = _config.disabled_targets()
+    rows = []
+    for target in all_targets():
+        imported = target.module in sys.modules
+        state = patch.state(target.name) if patch is not None else None
+        if state is None:
+            state = (
+                "disabled"
+                if ("*" in disabled or target.name in disabled)
+                else ("pending" if _installed else "not installed")
+            )
+        rows.append(
+            {
+                "name": target.name,
+                "target": target.path,
+                "imported": imported,
+                "state": state,
+                "layers": _layers(target) if imported and patch is not None else 0,
+            }
+        )
+    return {
+        "version": __version__,
+        "enabled": _config.enabled(),
+        "installed": _installed,
+        "strict": _config.strict(),
+        "targets": rows,
+        "user_target_problems": list(_problems),
+        "hook_errors": list(_hook_errors),
+    }
+
+
+def _layers(target: Target) -> int:
+    from . import _patch
+
+    module = sys.modules.get(target.module)
+    found = _patch._owner(module, target.attribute) if module is not None else None
+    return _patch.shim_layers(vars(found[0])[found[1]]) if found else 0
+
+
+def stats() -> dict[str, Any]:
+    """Totals so far in this process: calls, entries, bytes (and per target)."""
+    from . import _offload
+
+    return _offload.stats()
+
+
+def clear_fp8_workspaces(models: object, *, strict: bool | None = None) -> CacheReport:
+    """Drop TE's cached FP8 weight copies in `models` now; returns what was cleared and skipped."""
+    from .te_caches import clear_fp8_workspaces as clear
+
+    return clear(models, strict=strict)
+
+
+def scan(models: object) -> CacheReport:
+    """What `clear_fp8_workspaces(models)` would clear, changing nothing."""
+    from .te_caches import scan as scan_
+
+    return scan_(models)
+
+
+def ray_setup() -> None:
+    """For `runtime_env={"worker_process_setup_hook": "te_offload_shim.ray_setup"}`. Never raises:
+    a raising setup hook kills the Ray worker."""
+    try:
+        install()
+    except Exception as exc:  # pragma: no cover - install() itself fails open
+        _warn("ray-setup", "te_offload_shim: ray_setup failed: %r", exc)
+
+
+if _config.enabled():
+    install()

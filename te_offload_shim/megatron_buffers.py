@@ -1,0 +1,72 @@
+"""From a Megatron `_ParamAndGradBuffer` to the model whose TE layers keep weights in it.
+
+A buffer knows its parameters, not its modules. Its owner is a megatron `DistributedDataParallel`
+(`ddp.buffers` / `ddp.expert_parallel_buffers`). Owners are found once, at the first offload of an
+unknown buffer, by one pass over the garbage collector's objects, then remembered weakly: so it
+works for a DDP built before or after the shim was activated, and costs nothing per training step.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import weakref
+from typing import Any
+
+_owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+_DDP_MODULES = (
+    "megatron.core.distributed.distributed_data_parallel",
+    "megatron.core.distributed",
+)
+
+
+def _ddp_classes() -> tuple[type, ...]:
+    found = []
+    for name in _DDP_MODULES:
+        cls = getattr(sys.modules.get(name), "DistributedDataParallel", None)
+        if isinstance(cls, type) and cls not in found:
+            found.append(cls)
+    return tuple(found)
+
+
+def _buffers_of(ddp: Any) -> list[Any]:
+    d = ddp.__dict__
+    return [*(d.get("buffers") or ()), *(d.get("expert_parallel_buffers") or ())]
+
+
+def register(ddp: Any) -> None:
+    """Remember `ddp` as the owner of its buffers."""
+    ref = weakref.ref(ddp)
+    with _lock:
+        for buffer in _buffers_of(ddp):
+            _owners[buffer] = ref
+
+
+def _scan() -> None:
+    classes = _ddp_classes()
+    if not classes:
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, classes):
+            register(obj)
+
+
+def owner_of(buffer: Any) -> Any:
+    """The DDP that holds `buffer`, or None."""
+    with _lock:
+        ref = _owners.get(buffer)
+    if ref is None or ref() is None:
+        _scan()
+        with _lock:
+            ref = _owners.get(buffer)
+    return ref() if ref is not None else None
+
+
+def modules_of_buffer(buffer: Any) -> tuple[Any, list[Any]]:
+    """(model chunk to walk, parameters whose TE layers to clear) for one buffer."""
+    ddp = owner_of(buffer)
+    if ddp is None:
+        return None, []
+    return ddp, list(getattr(buffer, "params", None) or ())

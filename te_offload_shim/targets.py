@@ -1,0 +1,269 @@
+"""WHAT to patch: one declarative entry per framework entry point.
+
+Adding a target is adding an entry to `BUILTIN`. An entry names the module to watch, the attribute
+(`func` or `Class.method`), where the model chunks are in a call (a `where` spec, below), an
+optional condition on the call, and how to see that upstream already clears the caches.
+
+`where` spec, shared with `TE_OFFLOAD_SHIM_TARGETS`: a parameter name (`models`, `self`) or a
+position (`arg0` is the first argument after `self`), then optional `.attr` steps, the last of which
+may end in `()` for a call without arguments: `self.model.get_models()`. Empty means the first
+argument. It is parsed, never evaluated.
+
+Standard library only: the table is read at `import te_offload_shim`.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from types import ModuleType
+    from typing import Any
+
+
+class Where:
+    """A parsed `where` spec."""
+
+    __slots__ = ("call", "path", "root", "text")
+
+    def __init__(self, root: str, path: tuple[str, ...], call: bool, text: str) -> None:
+        self.root = root
+        self.path = path
+        self.call = call
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Where({self.text!r})"
+
+
+def parse_where(text: str) -> Where:
+    """Parse a `where` spec; raise ValueError with a readable message when malformed."""
+    spec = text.strip()
+    if not spec:
+        return Where("arg0", (), False, "")
+    call = spec.endswith("()")
+    body = spec[:-2] if call else spec
+    parts = body.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise ValueError(f"bad models spec {text!r}: expected NAME[.attr...][()] such as self.model")
+    if call and len(parts) < 2:
+        raise ValueError(f"bad models spec {text!r}: '()' must follow an attribute, e.g. self.model.get_models()")
+    return Where(parts[0], tuple(parts[1:]), call, spec)
+
+
+class Target:
+    """One patchable entry point."""
+
+    __slots__ = (
+        "attribute",
+        "distribution",
+        "fixed_upstream",
+        "module",
+        "name",
+        "note",
+        "resolve",
+        "step_aside",
+        "versions",
+        "when",
+        "where",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        attribute: str,
+        where: str = "",
+        *,
+        distribution: str | None = None,
+        versions: str = "",
+        when: Callable[[Mapping[str, Any]], bool] | None = None,
+        step_aside: Callable[[Mapping[str, Any]], str | None] | None = None,
+        fixed_upstream: Callable[[ModuleType], bool] | None = None,
+        resolve: Callable[[Any], tuple[Any, Any]] | None = None,
+        note: str = "",
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.attribute = attribute
+        self.where = parse_where(where)
+        self.distribution = distribution
+        self.versions = versions
+        self.when = when
+        self.step_aside = step_aside
+        self.fixed_upstream = fixed_upstream
+        self.resolve = resolve
+        self.note = note
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}:{self.attribute}"
+
+    def __repr__(self) -> str:
+        return f"Target({self.name!r}, {self.path!r})"
+
+
+# --- conditions, referenced by the entries below ------------------------------------------------
+
+
+def _has_attr(name: str) -> Callable[[ModuleType], bool]:
+    def check(module: ModuleType) -> bool:
+        return hasattr(module, name)
+
+    check.__name__ = f"has_{name}"
+    return check
+
+
+def _truthy(param: str) -> Callable[[Mapping[str, Any]], bool]:
+    def check(call: Mapping[str, Any]) -> bool:
+        return bool(call.get(param, True))
+
+    check.__name__ = f"{param}_truthy"
+    return check
+
+
+def _offloads_model_params(call: Mapping[str, Any]) -> bool:
+    """ROLL: `include=None` means every state; otherwise the list must name model params."""
+    include = call.get("include")
+    if include is None:
+        return True
+    try:
+        names = {getattr(item, "name", item) for item in include}
+        values = {getattr(item, "value", item) for item in include}
+    except TypeError:
+        names = values = {getattr(include, "name", include)}
+    return "model_params" in names or "model_params" in values
+
+
+def _nemo_rl_clears_itself(call: Mapping[str, Any]) -> str | None:
+    """NeMo-RL clears the caches itself when `policy.megatron_cfg.fp8_cfg.force_clear_fp8_caches`."""
+    cfg = getattr(call.get("self"), "cfg", None)
+    try:
+        fp8_cfg = cfg["megatron_cfg"]["fp8_cfg"] or {}  # type: ignore[index]
+        on = bool(fp8_cfg.get("force_clear_fp8_caches", False))
+    except (KeyError, TypeError, AttributeError):
+        return None
+    return "NeMo-RL fp8_cfg.force_clear_fp8_caches is on" if on else None
+
+
+def _miles_clears_itself(call: Mapping[str, Any]) -> str | None:
+    """miles (a slime fork) has its own switch for the same clearing."""
+    args = getattr(call.get("self"), "args", None)
+    if getattr(args, "offload_fp8_weight_cache", False) is True:
+        return "miles --offload-fp8-weight-cache is on"
+    return None
+
+
+def _megatron_buffer_modules(buffer: Any) -> Any:
+    from .megatron_buffers import modules_of_buffer
+
+    return modules_of_buffer(buffer)
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+BUILTIN: tuple[Target, ...] = (
+    Target(
+        "verl",
+        "verl.utils.megatron_utils",
+        "offload_megatron_model_to_cpu",
+        "models",
+        distribution="verl",
+        versions="0.4.0 - 0.8.x (0.9.0+ clears the caches itself)",
+        fixed_upstream=_has_attr("_clear_te_fp8_weight_workspaces"),
+        note="verl PR #6952 fixed it in 0.9.0",
+    ),
+    Target(
+        "megatron-core",
+        "megatron.core.distributed.param_and_grad_buffer",
+        "_ParamAndGradBuffer.offload_to_cpu",
+        "self",
+        distribution="megatron-core",
+        versions="releases with _ParamAndGradBuffer.offload_to_cpu",
+        when=_truthy("move_params"),
+        resolve=_megatron_buffer_modules,
+        note="clears the TE layers whose weights live in the buffer, only when params move",
+    ),
+    Target(
+        "nemo-rl",
+        "nemo_rl.models.policy.workers.megatron_policy_worker",
+        "MegatronPolicyWorkerImpl.offload_before_refit",
+        "self.model",
+        distribution="nemo-rl",
+        step_aside=_nemo_rl_clears_itself,
+    ),
+    Target(
+        "nemo-rl-legacy",
+        "nemo_rl.models.policy.megatron_policy_worker",
+        "MegatronPolicyWorker.offload_before_refit",
+        "self.model",
+        distribution="nemo-rl",
+        step_aside=_nemo_rl_clears_itself,
+    ),
+    Target(
+        "roll",
+        "roll.distributed.strategy.megatron_strategy",
+        "MegatronInferStrategy.offload_states",
+        "self.model.get_models()",
+        distribution="roll",
+        when=_offloads_model_params,
+    ),
+    Target(
+        "roll-train",
+        "roll.distributed.strategy.megatron_strategy",
+        "MegatronTrainStrategy.offload_states",
+        "self.model.get_models()",
+        distribution="roll",
+        when=_offloads_model_params,
+        note="patched on the class that defines it; a subclass that inherits it is covered once",
+    ),
+    Target(
+        "areal-awex",
+        "areal.engine.awex.colocate_writer",
+        "AwexMegatronAdapter.release_memory",
+        "self.model",
+        distribution="areal",
+    ),
+    Target(
+        "areal",
+        "areal.engine.megatron_engine",
+        "MegatronEngine.offload",
+        "self.model",
+        distribution="areal",
+    ),
+    Target(
+        "slime",
+        "slime.backends.megatron_utils.actor",
+        "MegatronTrainRayActor.sleep",
+        "self.model",
+        distribution="slime",
+        step_aside=_miles_clears_itself,
+    ),
+)
+
+
+def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
+    """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
+
+    Returns the good entries and one message per malformed entry (the others still work)."""
+    targets: list[Target] = []
+    problems: list[str] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        path, _, where = entry.partition("@")
+        module, sep, attribute = path.partition(":")
+        if not sep or not all(p.isidentifier() for p in module.split(".")):
+            problems.append(f"{entry!r}: expected pkg.module:function or pkg.module:Class.method")
+            continue
+        parts = attribute.split(".")
+        if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+            problems.append(f"{entry!r}: attribute must be function or Class.method")
+            continue
+        try:
+            targets.append(Target(path, module, attribute, where, note="user target"))
+        except ValueError as exc:
+            problems.append(f"{entry!r}: {exc}")
+    return targets, problems

@@ -1,0 +1,381 @@
+"""Transformer Engine's cached quantized weights: find them, count their bytes, drop them.
+
+This is the only place where the shim touches TE internals. It knows TE's layouts by version and
+nothing of verl, Ray or wrapt. It never imports torch or TE: it works on the objects it is given,
+with torch taken from `sys.modules` (if torch is not imported, there is nothing to clear).
+
+Layouts (TE source files named so they can be checked again):
+
+* TE >= 1.8 (`transformer_engine/pytorch/module/base.py`): `self._fp8_workspaces`, a plain dict
+  filled by `get_weight_workspace()` / `quantize_weight()`. TE rebuilds a missing entry on the next
+  forward, so popping the entries is safe. Keys: "weight" (Linear, LayerNormLinear), "fc1_weight",
+  "fc2_weight" (LayerNormMLP), "weight0".."weightN-1" (GroupedLinear, 1.9+), "weight" too for a
+  GroupedLinear with `single_grouped_weight=True` (2.19+).
+* TE 1.0 - 1.7 (`module/base.py` sets `fp8_weight_shapes`): attributes `weight{i}_fp8` and
+  `weight{i}_t_fp8`. NOT safe to drop: a later forward with `is_first_microbatch=False`
+  re-allocates an uninitialised buffer and uses it unfilled. Left alone, reported as skipped.
+
+The values are quantized tensors whose bytes live in inner tensors, never in the wrapper
+(`untyped_storage()` of the wrapper is empty by design from TE 2.16): see `_INNER_ATTRS`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import _config
+from ._log import warn_once
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+WORKSPACES = "_fp8_workspaces"
+LEGACY_MARKER = "fp8_weight_shapes"
+LEGACY_ATTRS = ("weight1_fp8", "weight1_t_fp8", "weight2_fp8", "weight2_t_fp8")
+
+# Where the bytes of a cached value live, by TE version. Counted, deduplicated by storage.
+_INNER_ATTRS = (
+    # 1.x Float8Tensor (tensor/float8_tensor.py) and 2.4+ Float8Tensor / Float8TensorStorage
+    "_data",
+    "_transpose",
+    "_scale_inv",
+    # 2.x MXFP8 / Float8Blockwise / NVFP4 storages (tensor/_internal, later tensor/storage)
+    "_rowwise_data",
+    "_columnwise_data",
+    "_rowwise_scale_inv",
+    "_columnwise_scale_inv",
+    "_amax_rowwise",
+    "_amax_columnwise",
+    # 2.19+ GroupedTensor (public fields)
+    "rowwise_data",
+    "columnwise_data",
+    "scale_inv",
+    "columnwise_scale_inv",
+    # 2.19+ nested storages and the debug wrapper
+    "_rowwise_storage",
+    "_columnwise_storage",
+    "rowwise_gemm_tensor",
+    "columnwise_gemm_tensor",
+)
+# Any of these marks an object as a TE storage worth looking into (a quantizer has none of them).
+_STORAGE_MARKS = (
+    "_data",
+    "_rowwise_data",
+    "_columnwise_data",
+    "rowwise_data",
+    "_rowwise_storage",
+    "rowwise_gemm_tensor",
+)
+_MAX_DEPTH = 4
+
+# Megatron's TransformerConfig switches for CUDA graphs (megatron/core/transformer/transformer_config.py).
+_GRAPH_CONFIG_FLAGS = ("enable_cuda_graph", "external_cuda_graph")
+# Set on a module once Megatron's CudaGraphManager owns it (megatron/core/transformer/cuda_graphs.py).
+_GRAPH_MODULE_MARKS = ("cudagraph_manager",)
+
+
+@dataclass
+class Skipped:
+    """Caches the shim saw and deliberately left in place."""
+
+    where: str
+    reason: str
+    entries: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class CacheReport:
+    """What one clearing (or scan) found. `bytes` counts unique storages held by the entries only;
+    storages the module's own parameters also hold are in `bytes_shared` (clearing frees none of
+    them). `released_bytes` is measured with the CUDA allocator around the clearing, when CUDA is
+    initialised; an entry still referenced elsewhere shows up as not released."""
+
+    cleared: bool = True
+    entries: int = 0
+    modules: int = 0
+    bytes: int = 0
+    bytes_shared: int = 0
+    released_bytes: int | None = None
+    skipped: list[Skipped] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, other: CacheReport) -> None:
+        self.entries += other.entries
+        self.modules += other.modules
+        self.bytes += other.bytes
+        self.bytes_shared += other.bytes_shared
+        if other.released_bytes is not None:
+            self.released_bytes = (self.released_bytes or 0) + other.released_bytes
+        self.skipped.extend(other.skipped)
+        self.errors.extend(other.errors)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "cleared": self.cleared,
+            "entries": self.entries,
+            "modules": self.modules,
+            "bytes": self.bytes,
+            "bytes_shared": self.bytes_shared,
+            "released_bytes": self.released_bytes,
+            "skipped": [vars(s).copy() for s in self.skipped],
+            "errors": list(self.errors),
+        }
+
+
+class ShimError(RuntimeError):
+    """Raised in strict mode for what would otherwise be a warning."""
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def as_chunks(models: object) -> list[Any]:
+    """The model chunks in `models`: a module, a list/tuple of modules, None or any iterable."""
+    torch = _torch()
+    if models is None or torch is None:
+        return []
+    module_type = torch.nn.Module
+    if isinstance(models, module_type):
+        return [models]
+    return [m for m in models if isinstance(m, module_type)]  # type: ignore[attr-defined]
+
+
+def _walk(chunk: Any) -> tuple[list[tuple[Any, dict]], list[tuple[Any, dict]], str | None]:
+    """One pass over the module tree reading instance dicts only.
+
+    `getattr(module, "_fp8_workspaces", None)` on a non-TE module goes through
+    `nn.Module.__getattr__` and raises inside it; reading `__dict__` avoids that."""
+    modern: list[tuple[Any, dict]] = []
+    legacy: list[tuple[Any, dict]] = []
+    graph_mark = None
+    seen: set[int] = set()
+    stack = [chunk]
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        d = module.__dict__
+        if WORKSPACES in d:
+            modern.append((module, d))
+        elif LEGACY_MARKER in d:
+            legacy.append((module, d))
+        if graph_mark is None:
+            for mark in _GRAPH_MODULE_MARKS:
+                if d.get(mark) is not None:
+                    graph_mark = f"{type(module).__name__}.{mark} is set"
+        children = d.get("_modules")
+        if children:
+            stack.extend(c for c in children.values() if c is not None)
+    return modern, legacy, graph_mark
+
+
+def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
+    """Why clearing this chunk would be unsafe because of CUDA graphs, or None.
+
+    A captured graph keeps the workspace addresses; freed, replay touches memory that now belongs to
+    someone else. Megatron's config says whether graphs are on, for the chunk and every wrapper."""
+    obj, depth = chunk, 0
+    while obj is not None and depth < 8:
+        config = obj.__dict__.get("config") if hasattr(obj, "__dict__") else None
+        if config is not None:
+            impl = getattr(config, "cuda_graph_impl", None)
+            if impl not in (None, "none"):
+                return f"config.cuda_graph_impl={impl!r}"
+            for flag in _GRAPH_CONFIG_FLAGS:
+                if getattr(config, flag, False) is True:
+                    return f"config.{flag}=True"
+        obj = obj.__dict__.get("_modules", {}).get("module") if hasattr(obj, "__dict__") else None
+        depth += 1
+    return graph_mark
+
+
+def _inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> None:
+    """Append the plain tensors that hold `value`'s bytes."""
+    if value is None or depth > _MAX_DEPTH:
+        return
+    tensor_type = torch.Tensor
+    if type(value) is tensor_type or type(value) is torch.nn.Parameter:
+        out.append(value)
+        return
+    is_storage = any(hasattr(value, mark) for mark in _STORAGE_MARKS)
+    before = len(out)
+    if is_storage:
+        get_metadata = getattr(value, "get_metadata", None)
+        inner = get_metadata().values() if callable(get_metadata) else ()
+        if not inner:
+            inner = [getattr(value, name, None) for name in _INNER_ATTRS]
+        for item in inner:
+            if isinstance(item, tensor_type) or any(hasattr(item, m) for m in _STORAGE_MARKS):
+                _inner_tensors(item, torch, out, depth + 1)
+    if len(out) == before and isinstance(value, tensor_type) and not is_storage:
+        out.append(value)  # an unknown tensor subclass with storage of its own
+
+
+def _storage_key(t: Any) -> tuple[tuple[str, int], int] | None:
+    storage = t.untyped_storage()
+    ptr = storage.data_ptr()
+    if ptr == 0:
+        return None
+    return (str(t.device), ptr), storage.nbytes()
+
+
+def _storages(values: Iterable[Any], torch: Any) -> dict[tuple[str, int], int]:
+    tensors: list[Any] = []
+    for value in values:
+        _inner_tensors(value, torch, tensors)
+    found: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        keyed = _storage_key(t)
+        if keyed is not None:
+            found[keyed[0]] = keyed[1]
+    return found
+
+
+def _module_name(chunk_index: int, chunk: Any, module: Any) -> str:
+    for name, sub in chunk.named_modules():
+        if sub is module:
+            return f"chunk{chunk_index}.{name}" if name else f"chunk{chunk_index}"
+    return f"chunk{chunk_index}.<{type(module).__name__}>"
+
+
+def _allocated(torch: Any) -> int | None:
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return None
+    return sum(cuda.memory_allocated(i) for i in range(cuda.device_count()))
+
+
+def _owns_any(d: dict, param_ids: set[int] | None) -> bool:
+    if param_ids is None:
+        return True
+    return any(id(p) in param_ids for p in (d.get("_parameters") or {}).values())
+
+
+def _process(models: object, clear: bool, strict: bool | None, params: Iterable[Any] | None = None) -> CacheReport:
+    torch = _torch()
+    report = CacheReport(cleared=clear)
+    if torch is None:
+        return report
+    strict = _config.strict() if strict is None else strict
+    before = _allocated(torch) if clear else None
+    counted: set[tuple[str, int]] = set()
+    param_ids = None if params is None else {id(p) for p in params}
+    for index, chunk in enumerate(as_chunks(models)):
+        modern, legacy, graph_mark = _walk(chunk)
+        if param_ids is not None:
+            modern = [(m, d) for m, d in modern if _owns_any(d, param_ids)]
+            legacy = [(m, d) for m, d in legacy if _owns_any(d, param_ids)]
+        for module, d in legacy:
+            sizes = _storages((d.get(a) for a in LEGACY_ATTRS), torch)
+            report.skipped.append(
+                Skipped(
+                    _module_name(index, chunk, module),
+                    "TE < 1.8 cache layout (weight*_fp8): clearing is unsafe, left in place",
+                    sum(1 for a in LEGACY_ATTRS if d.get(a) is not None),
+                    sum(sizes.values()),
+                )
+            )
+        live = [(m, d[WORKSPACES]) for m, d in modern if d[WORKSPACES]]
+        if not live:
+            continue
+        reason = None if _config.force_with_cuda_graphs() else cuda_graph_reason(chunk, graph_mark)
+        if reason is not None:
+            warn_once(
+                f"cuda-graphs:{reason}",
+                "te_offload_shim: FP8 weight caches left in place because CUDA graphs are on (%s); "
+                "set %s=1 if your graphs are re-captured after an offload",
+                reason,
+                _config.FORCE_CUDA_GRAPHS,
+            )
+            report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(len(w) for _, w in live)))
+            continue
+        for module, workspaces in live:
+            _clear_module(index, chunk, module, workspaces, torch, clear, counted, report)
+    if clear and before is not None:
+        after = _allocated(torch)
+        report.released_bytes = before - after if after is not None else None
+    if strict and report.errors:
+        raise ShimError("; ".join(report.errors))
+    return report
+
+
+def _clear_module(
+    index: int,
+    chunk: Any,
+    module: Any,
+    workspaces: Any,
+    torch: Any,
+    clear: bool,
+    counted: set[tuple[str, int]],
+    report: CacheReport,
+) -> None:
+    if not isinstance(workspaces, dict):
+        where = _module_name(index, chunk, module)
+        reason = f"{WORKSPACES} is a {type(workspaces).__name__}, not a dict"
+        warn_once(f"not-dict:{type(workspaces).__name__}", "te_offload_shim: %s at %s; left alone", reason, where)
+        report.skipped.append(Skipped(where, reason))
+        return
+    try:
+        values = list(workspaces.values())
+        entries = len(values)
+    except Exception as exc:
+        where = _module_name(index, chunk, module)
+        report.skipped.append(Skipped(where, f"reading {WORKSPACES} raised {type(exc).__name__}: {exc}"))
+        report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
+        warn_once(
+            f"read:{type(workspaces).__name__}", "te_offload_shim: cannot read %s at %s: %r", WORKSPACES, where, exc
+        )
+        return
+    try:
+        held = _storages(values, torch)
+        shared = _storages(module.__dict__.get("_parameters", {}).values(), torch)
+        for key, nbytes in held.items():
+            if key in counted:
+                continue
+            counted.add(key)
+            if key in shared:
+                report.bytes_shared += nbytes
+            else:
+                report.bytes += nbytes
+    except Exception as exc:  # accounting must never keep the caches alive
+        report.errors.append(f"accounting {type(module).__name__}: {type(exc).__name__}: {exc}")
+        warn_once(f"account:{type(exc).__name__}", "te_offload_shim: byte accounting failed: %r", exc)
+    del values
+    if clear:
+        try:
+            if type(workspaces) is dict:
+                workspaces.clear()
+            else:
+                for key in list(workspaces):
+                    workspaces.pop(key)
+        except Exception as exc:
+            where = _module_name(index, chunk, module)
+            report.skipped.append(Skipped(where, f"clearing {WORKSPACES} raised {type(exc).__name__}: {exc}", entries))
+            report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
+            warn_once(
+                f"pop:{type(workspaces).__name__}", "te_offload_shim: cannot clear %s at %s: %r", WORKSPACES, where, exc
+            )
+            return
+    report.entries += entries
+    report.modules += 1
+
+
+def clear_fp8_workspaces(
+    models: object, *, params: Iterable[Any] | None = None, strict: bool | None = None
+) -> CacheReport:
+    """Drop TE's cached FP8 weight copies in `models` (a module or a list of chunks).
+
+    With `params`, only the layers owning one of those parameters are cleared. Call it before your
+    allocator flush (`torch.cuda.empty_cache()`): the freed blocks otherwise stay in PyTorch's
+    cache. TE >= 1.8 rebuilds the caches on the next forward."""
+    return _process(models, clear=True, strict=strict, params=params)
+
+
+def scan(models: object, *, params: Iterable[Any] | None = None) -> CacheReport:
+    """The report `clear_fp8_workspaces` would give, changing nothing."""
+    return _process(models, clear=False, strict=False, params=params)
