@@ -58,6 +58,7 @@ _INNER_ATTRS = (
     "_columnwise_storage",
     "rowwise_gemm_tensor",
     "columnwise_gemm_tensor",
+    "quantized_tensors",
 )
 # Any of these marks an object as a TE storage worth looking into (a quantizer has none of them).
 _STORAGE_MARKS = (
@@ -72,8 +73,11 @@ _MAX_DEPTH = 4
 
 # Megatron's TransformerConfig switches for CUDA graphs (megatron/core/transformer/transformer_config.py).
 _GRAPH_CONFIG_FLAGS = ("enable_cuda_graph", "external_cuda_graph")
-# Set on a module once Megatron's CudaGraphManager owns it (megatron/core/transformer/cuda_graphs.py).
-_GRAPH_MODULE_MARKS = ("cudagraph_manager",)
+# Megatron's module markers (megatron/core/transformer/module.py, core_v0.15+; transformer_layer.py
+# before): a `cudagraph_manager` submodule for cuda_graph_impl="local", a `cuda_graphs` list that
+# TECudaGraphHelper fills for "transformer_engine". TE itself marks nothing (graph.py).
+_GRAPH_SUBMODULE = "cudagraph_manager"
+_GRAPH_LIST = "cuda_graphs"
 
 
 @dataclass
@@ -164,11 +168,12 @@ def _walk(chunk: Any) -> tuple[list[tuple[Any, dict]], list[tuple[Any, dict]], s
             modern.append((module, d))
         elif LEGACY_MARKER in d:
             legacy.append((module, d))
-        if graph_mark is None:
-            for mark in _GRAPH_MODULE_MARKS:
-                if d.get(mark) is not None:
-                    graph_mark = f"{type(module).__name__}.{mark} is set"
         children = d.get("_modules")
+        if graph_mark is None:
+            if children and children.get(_GRAPH_SUBMODULE) is not None:
+                graph_mark = f"{type(module).__name__}.{_GRAPH_SUBMODULE} is set"
+            elif d.get(_GRAPH_LIST):
+                graph_mark = f"{type(module).__name__}.{_GRAPH_LIST} holds captured graphs"
         if children:
             stack.extend(c for c in children.values() if c is not None)
     return modern, legacy, graph_mark
@@ -194,25 +199,41 @@ def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
     return graph_mark
 
 
+def _inner_candidates(value: Any) -> list[Any]:
+    """Everything that may hold `value`'s bytes: its `get_metadata()` values (TE 2.0+), the names in
+    its class's `_INNER_TENSORS` (TE main), and the attribute names known from every release.
+    Duplicates are harmless: storages are deduplicated afterwards."""
+    found: list[Any] = []
+    get_metadata = getattr(value, "get_metadata", None)
+    if callable(get_metadata):
+        try:
+            found.extend(get_metadata().values())
+        except NotImplementedError:  # DebugQuantizedTensor inherits an abstract one
+            pass
+    for entry in getattr(type(value), "_INNER_TENSORS", ()) or ():
+        name = entry[0] if isinstance(entry, tuple) else entry
+        if isinstance(name, str):
+            found.append(getattr(value, name, None))
+    found.extend(getattr(value, name, None) for name in _INNER_ATTRS)
+    return found
+
+
 def _inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> None:
     """Append the plain tensors that hold `value`'s bytes."""
     if value is None or depth > _MAX_DEPTH:
         return
-    tensor_type = torch.Tensor
-    if type(value) is tensor_type or type(value) is torch.nn.Parameter:
+    if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
         out.append(value)
         return
-    is_storage = any(hasattr(value, mark) for mark in _STORAGE_MARKS)
-    before = len(out)
-    if is_storage:
-        get_metadata = getattr(value, "get_metadata", None)
-        inner = get_metadata().values() if callable(get_metadata) else ()
-        if not inner:
-            inner = [getattr(value, name, None) for name in _INNER_ATTRS]
-        for item in inner:
-            if isinstance(item, tensor_type) or any(hasattr(item, m) for m in _STORAGE_MARKS):
+    if isinstance(value, (list, tuple)):  # GroupedTensor.quantized_tensors
+        for item in value:
+            _inner_tensors(item, torch, out, depth + 1)
+        return
+    if any(hasattr(value, mark) for mark in _STORAGE_MARKS):
+        for item in _inner_candidates(value):
+            if item is not None and item is not value:
                 _inner_tensors(item, torch, out, depth + 1)
-    if len(out) == before and isinstance(value, tensor_type) and not is_storage:
+    elif isinstance(value, torch.Tensor):
         out.append(value)  # an unknown tensor subclass with storage of its own
 
 
@@ -250,6 +271,20 @@ def _allocated(torch: Any) -> int | None:
     return sum(cuda.memory_allocated(i) for i in range(cuda.device_count()))
 
 
+def _nonempty(workspaces: Any) -> bool:
+    try:
+        return bool(workspaces)
+    except Exception:
+        return True  # let _clear_module report what is wrong with it
+
+
+def _count(workspaces: Any) -> int:
+    try:
+        return len(workspaces)
+    except Exception:
+        return 0
+
+
 def _owns_any(d: dict, param_ids: set[int] | None) -> bool:
     if param_ids is None:
         return True
@@ -280,7 +315,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
                     sum(sizes.values()),
                 )
             )
-        live = [(m, d[WORKSPACES]) for m, d in modern if d[WORKSPACES]]
+        live = [(m, d[WORKSPACES]) for m, d in modern if _nonempty(d[WORKSPACES])]
         if not live:
             continue
         reason = None if _config.force_with_cuda_graphs() else cuda_graph_reason(chunk, graph_mark)
@@ -292,7 +327,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
                 reason,
                 _config.FORCE_CUDA_GRAPHS,
             )
-            report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(len(w) for _, w in live)))
+            report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(_count(w) for _, w in live)))
             continue
         for module, workspaces in live:
             _clear_module(index, chunk, module, workspaces, torch, clear, counted, report)
