@@ -230,6 +230,30 @@ class DebugQuantizedTensorMain:
         raise NotImplementedError
 
 
+def inner_tensors(value: Any) -> list[torch.Tensor]:
+    """The stand-ins' own byte holders, listed by hand per class (the test oracle)."""
+    names = {
+        Float8TensorV1: ("_data", "_transpose", "_scale_inv"),
+        Float8TensorBaseV2_3: ("_data", "_transpose", "_scale_inv"),
+        Float8TensorV2: ("_data", "_transpose", "_scale_inv"),
+        MXFP8TensorBaseV2_3: _ROWCOL,
+        Float8BlockwiseQTensorBaseV2_3: _ROWCOL,
+        MXFP8TensorV2: _ROWCOL,
+        Float8BlockwiseQTensorV2: _ROWCOL,
+        NVFP4TensorV2: (*_ROWCOL, "_amax_rowwise", "_amax_columnwise"),
+        GroupedTensorStorageMain: ("rowwise_data", "columnwise_data", "scale_inv", "columnwise_scale_inv"),
+    }
+    if isinstance(value, HybridQuantizedTensorStorageMain):
+        return inner_tensors(value._rowwise_storage) + inner_tensors(value._columnwise_storage)
+    if isinstance(value, DebugQuantizedTensorMain):
+        return inner_tensors(value.rowwise_gemm_tensor) + inner_tensors(value.columnwise_gemm_tensor)
+    found = [getattr(value, n) for n in names[type(value)]]
+    return [t for t in found if t is not None]
+
+
+_ROWCOL = ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
+
+
 # --- module layouts -----------------------------------------------------------------------------
 
 

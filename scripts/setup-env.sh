@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# Builds the CPU test environment: real megatron-core, real verl releases (one folder each), wrapt.
-# Idempotent: a second run only checks what is there. Recipe: REFERENCE.md section 6.
+# Builds the CPU environment the demo, the tests and the benchmarks run in: real megatron-core,
+# real verl releases (one --no-deps folder each, used from fresh interpreters), wrapt 2.x in the
+# venv and wrapt 1.x in a folder of its own. Recipe: REFERENCE.md section 6. Idempotent: a second
+# run only checks the stamp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-VENV=${VENV:-.venv}
-if [[ ! -x $VENV/bin/python ]]; then
-  "$PY" -m venv "$VENV"
-fi
-. "$VENV/bin/activate"
-pip_q() { python -m pip install -q --disable-pip-version-check "$@"; }
-if ! python -c 'import torch, megatron.core, ray, wrapt, pytest' 2>/dev/null; then
-  pip_q torch==2.13.0
-  pip_q megatron-core==0.16.1
-  pip_q tensordict==0.10.0 "transformers>=5.5.3,<5.11,!=5.6.0" omegaconf codetiming orjson ray wrapt \
-        pytest cloudpickle peft datasets pillow ruff mypy
-fi
-pip_q -e . --no-deps
+STAMP=.venv/.te-offload-shim-env-v1
+[[ -f $STAMP ]] && exit 0
+[[ -x .venv/bin/python ]] || "$PY" -m venv .venv
+pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
+pip torch==2.13.0                       # the local CPU wheel; plain 'torch' would fetch a CUDA build
+pip megatron-core==0.16.1
+pip tensordict==0.10.0 "transformers>=5.5.3,<5.11,!=5.6.0" omegaconf codetiming orjson ray \
+    "wrapt>=2,<3" cloudpickle peft datasets pillow \
+    pytest pytest-xdist ruff mypy
+pip --no-deps -e .
 for v in 0.7.1 0.8.0 0.9.1; do
-  d=.deps/verl-$v
-  [[ -d $d/verl ]] || python -m pip install -q --disable-pip-version-check --no-deps --target "$d" "verl==$v"
+  [[ -d .deps/verl-$v/verl ]] || pip --no-deps --target ".deps/verl-$v" "verl==$v"
 done
+[[ -d .deps/wrapt-1/wrapt ]] || pip --no-deps --target .deps/wrapt-1 "wrapt==1.17.*"
+touch "$STAMP"

@@ -99,7 +99,10 @@ def _owner(module: ModuleType, attribute: str) -> tuple[Any, str] | None:
     class_name, method = attribute.split(".", 1)
     cls = vars(module).get(class_name)
     if not isinstance(cls, type):
-        return None
+        # A @ray.remote class is an ActorClass; the user's class is in its modified class's MRO.
+        cls = getattr(getattr(cls, "__ray_metadata__", None), "modified_class", None)
+        if not isinstance(cls, type):
+            return None
     for klass in cls.__mro__:
         if method in vars(klass):
             return klass, method

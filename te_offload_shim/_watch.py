@@ -16,6 +16,7 @@ TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
+    from typing import Any
 
     Callback = Callable[[ModuleType], None]
 
@@ -51,7 +52,7 @@ def _fire(name: str, module: ModuleType) -> None:
 class _ChainedLoader:
     """Runs the real loader, then the callbacks; hands the real loader back to the module."""
 
-    def __init__(self, loader: object) -> None:
+    def __init__(self, loader: Any) -> None:
         self._loader = loader
 
     def __getattr__(self, name: str) -> object:
@@ -67,14 +68,14 @@ class _ChainedLoader:
         spec = getattr(module, "__spec__", None)
         if spec is not None:
             spec.loader = self._loader
-        self._loader.exec_module(module)  # type: ignore[attr-defined]
+        self._loader.exec_module(module)
         _fire(module.__name__, module)
 
 
 class _Finder:
     """A meta path finder that only ever answers for watched names, by asking the others."""
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in _callbacks:
             return None
         searching = _searching.__dict__.setdefault("names", set())

@@ -137,22 +137,26 @@ def _offloads_model_params(call: Mapping[str, Any]) -> bool:
 
 
 def _nemo_rl_clears_itself(call: Mapping[str, Any]) -> str | None:
-    """NeMo-RL clears the caches itself when `policy.megatron_cfg.fp8_cfg.force_clear_fp8_caches`."""
-    cfg = getattr(call.get("self"), "cfg", None)
-    try:
-        fp8_cfg = cfg["megatron_cfg"]["fp8_cfg"] or {}  # type: ignore[index]
-        on = bool(fp8_cfg.get("force_clear_fp8_caches", False))
-    except (KeyError, TypeError, AttributeError):
-        return None
-    return "NeMo-RL fp8_cfg.force_clear_fp8_caches is on" if on else None
+    """NeMo-RL >= 0.7 clears the caches itself when `policy.megatron_cfg.fp8_cfg.force_clear_fp8_caches`
+    (read as `self.fp8_cfg.get("force_clear_fp8_caches", False)`, megatron_policy_worker.py @04fc1377)."""
+    fp8_cfg = getattr(call.get("self"), "fp8_cfg", None)
+    if isinstance(fp8_cfg, dict) and fp8_cfg.get("force_clear_fp8_caches", False):
+        return "NeMo-RL fp8_cfg.force_clear_fp8_caches is on"
+    return None
 
 
 def _miles_clears_itself(call: Mapping[str, Any]) -> str | None:
-    """miles (a slime fork) has its own switch for the same clearing."""
+    """miles PR #2142: `--clear-quantized-weight-workspaces-on-offload` (default on)."""
     args = getattr(call.get("self"), "args", None)
-    if getattr(args, "offload_fp8_weight_cache", False) is True:
-        return "miles --offload-fp8-weight-cache is on"
+    if getattr(args, "clear_quantized_weight_workspaces_on_offload", False):
+        return "miles --clear-quantized-weight-workspaces-on-offload is on"
     return None
+
+
+def _releases_weights(call: Mapping[str, Any]) -> bool:
+    """AReaL awex: `tags=None` means ["optimizer", "weights"]."""
+    tags = call.get("tags")
+    return tags is None or "weights" in tags
 
 
 def _megatron_buffer_modules(buffer: Any) -> Any:
@@ -170,9 +174,8 @@ BUILTIN: tuple[Target, ...] = (
         "offload_megatron_model_to_cpu",
         "models",
         distribution="verl",
-        versions="0.4.0 - 0.8.x (0.9.0+ clears the caches itself)",
+        versions="0.4.0 - 0.8.x; 0.9.0+ clears the caches itself (PR #6952)",
         fixed_upstream=_has_attr("_clear_te_fp8_weight_workspaces"),
-        note="verl PR #6952 fixed it in 0.9.0",
     ),
     Target(
         "megatron-core",
@@ -180,10 +183,10 @@ BUILTIN: tuple[Target, ...] = (
         "_ParamAndGradBuffer.offload_to_cpu",
         "self",
         distribution="megatron-core",
-        versions="releases with _ParamAndGradBuffer.offload_to_cpu",
+        versions="0.16.0+ (the method is absent before)",
         when=_truthy("move_params"),
         resolve=_megatron_buffer_modules,
-        note="clears the TE layers whose weights live in the buffer, only when params move",
+        note="only the TE layers whose weights live in the buffer, only when params move",
     ),
     Target(
         "nemo-rl",
@@ -191,14 +194,25 @@ BUILTIN: tuple[Target, ...] = (
         "MegatronPolicyWorkerImpl.offload_before_refit",
         "self.model",
         distribution="nemo-rl",
+        versions="0.6.0+ (offload_after_refit calls it through self)",
         step_aside=_nemo_rl_clears_itself,
     ),
     Target(
-        "nemo-rl-legacy",
+        "nemo-rl-0.5",
+        "nemo_rl.models.policy.workers.megatron_policy_worker",
+        "MegatronPolicyWorker.offload_before_refit",
+        "self.model",
+        distribution="nemo-rl",
+        versions="0.5.x (a @ray.remote class; 0.6.0+ inherits the patched Impl method)",
+        step_aside=_nemo_rl_clears_itself,
+    ),
+    Target(
+        "nemo-rl-0.3",
         "nemo_rl.models.policy.megatron_policy_worker",
         "MegatronPolicyWorker.offload_before_refit",
         "self.model",
         distribution="nemo-rl",
+        versions="0.3.0 - 0.4.x",
         step_aside=_nemo_rl_clears_itself,
     ),
     Target(
@@ -207,6 +221,7 @@ BUILTIN: tuple[Target, ...] = (
         "MegatronInferStrategy.offload_states",
         "self.model.get_models()",
         distribution="roll",
+        versions="0.1.0 - 0.3.0",
         when=_offloads_model_params,
     ),
     Target(
@@ -215,15 +230,17 @@ BUILTIN: tuple[Target, ...] = (
         "MegatronTrainStrategy.offload_states",
         "self.model.get_models()",
         distribution="roll",
+        versions="0.1.0 - 0.3.0 (overrides the Infer method)",
         when=_offloads_model_params,
-        note="patched on the class that defines it; a subclass that inherits it is covered once",
     ),
     Target(
         "areal-awex",
         "areal.engine.awex.colocate_writer",
         "AwexMegatronAdapter.release_memory",
-        "self.model",
+        "self._engine.model",
         distribution="areal",
+        versions="main since 2026-08-07 (#1500), in no release yet",
+        when=_releases_weights,
     ),
     Target(
         "areal",
@@ -231,6 +248,7 @@ BUILTIN: tuple[Target, ...] = (
         "MegatronEngine.offload",
         "self.model",
         distribution="areal",
+        versions="1.0.4 - 2.0.0 (flushes before torch_memory_saver.pause)",
     ),
     Target(
         "slime",
@@ -238,6 +256,15 @@ BUILTIN: tuple[Target, ...] = (
         "MegatronTrainRayActor.sleep",
         "self.model",
         distribution="slime",
+        versions="0.2.1 - 0.3.1",
+    ),
+    Target(
+        "miles",
+        "miles.backends.megatron_utils.actor",
+        "MegatronTrainRayActor.sleep",
+        "self.model",
+        distribution="miles",
+        versions="before PR #2142, or with its flag off",
         step_aside=_miles_clears_itself,
     ),
 )

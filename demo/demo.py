@@ -1,0 +1,120 @@
+"""The shim's main job, as a newcomer sees it.
+
+Runs verl's real `offload_megatron_model_to_cpu` (verl 0.8.0, no upstream fix) on a real
+megatron-core GPTModel in megatron DDP whose linears carry FP8 weight caches in Transformer Engine's
+>= 1.8 layout (TE itself needs CUDA to install, so on a CPU machine the caches are stand-ins: real
+tensors in TE's layout, see harness/te_standins.py). Each case runs in a fresh interpreter: once
+without the shim, once with `import te_offload_shim` first. It prints what stays resident.
+
+On a machine with CUDA the model and caches live on the GPU and the device memory is reported as
+the allocator and the driver see it (allocated, reserved, free).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+GIB = 1024**3
+
+
+def one_case(shim: bool, layers: int, hidden: int) -> dict:
+    if shim:
+        import te_offload_shim  # noqa: F401  - what a user adds: the whole fix
+    import torch
+
+    from harness import megatron_world as w
+
+    model = w.wrap_ddp(w.build_gpt(layers=layers, hidden=hidden, vocab=256))
+    w.attach_fp8_caches(model)
+    cuda = w.on_gpu()
+
+    def memory() -> dict:
+        if not cuda:
+            return {}
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        return {
+            "allocated": torch.cuda.memory_allocated(),
+            "reserved": torch.cuda.memory_reserved(),
+            "free": free,
+            "total": total,
+        }
+
+    before = {"caches": w.cache_state([model]), **memory()}
+    from verl.workers.engine.megatron import transformer_impl  # verl's caller, as verl imports it
+
+    transformer_impl.offload_megatron_model_to_cpu([model])
+    after = {"caches": w.cache_state([model]), **memory()}
+    return {"shim": shim, "device": "cuda" if cuda else "cpu", "before": before, "after": after}
+
+
+def fmt(n: int | None) -> str:
+    return "-" if n is None else f"{n / GIB:8.3f} GiB" if n >= GIB else f"{n / 1024**2:8.2f} MiB"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--verl", default="0.8.0")
+    parser.add_argument("--case", choices=["with", "without"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.case:
+        import warnings
+
+        warnings.filterwarnings("ignore")
+        print("RESULT " + json.dumps(one_case(args.case == "with", args.layers, args.hidden)))
+        return 0
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / ".deps" / f"verl-{args.verl}")]))
+    env.pop("TE_OFFLOAD_SHIM", None)
+    results = []
+    for case in ("without", "with"):
+        cmd = [sys.executable, __file__, "--case", case, "--layers", str(args.layers), "--hidden", str(args.hidden)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            print(proc.stdout, proc.stderr, file=sys.stderr)
+            return 1
+        results.append(json.loads(lines[-1][7:]))
+
+    device = results[0]["device"]
+    print(
+        f"verl {args.verl} offload_megatron_model_to_cpu on a megatron-core GPTModel ({args.layers} layers, "
+        f"hidden {args.hidden}) in megatron DDP, FP8 caches in TE >= 1.8 layout, device: {device}"
+    )
+    if device == "cpu":
+        print("(CPU: the caches are stand-ins in TE's layout, holding real bytes; run on CUDA for device memory)")
+    print()
+    header = f"{'':<22}{'FP8 caches before':>20}{'after offload':>16}{'bytes after':>16}"
+    if device == "cuda":
+        header += f"{'allocated after':>18}{'reserved after':>17}{'driver free after':>20}"
+    print(header)
+    for r in results:
+        row = (
+            f"{'with the shim' if r['shim'] else 'without the shim':<22}{r['before']['caches']['entries']:>20}"
+            f"{r['after']['caches']['entries']:>16}{fmt(r['after']['caches']['bytes']):>16}"
+        )
+        if device == "cuda":
+            row += f"{fmt(r['after']['allocated']):>18}{fmt(r['after']['reserved']):>17}{fmt(r['after']['free']):>20}"
+        print(row)
+    without, with_ = results
+    print()
+    print(
+        f"Left resident without the shim: {without['after']['caches']['entries']} cached FP8 weights, "
+        f"{fmt(without['after']['caches']['bytes']).strip()}; with it: {with_['after']['caches']['entries']}, "
+        f"{fmt(with_['after']['caches']['bytes']).strip()}."
+    )
+    ok = without["after"]["caches"]["entries"] > 0 and with_["after"]["caches"]["entries"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The demo on a fresh machine: builds the environment (once), then runs verl's real offload on a
+# real megatron-core model without and with the shim.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup-env.sh
+exec .venv/bin/python demo/demo.py "$@"
