@@ -152,30 +152,31 @@ def _walk(chunk: Any) -> tuple[list[tuple[Any, dict]], list[tuple[Any, dict]], s
     """One pass over the module tree reading instance dicts only.
 
     `getattr(module, "_fp8_workspaces", None)` on a non-TE module goes through
-    `nn.Module.__getattr__` and raises inside it; reading `__dict__` avoids that."""
+    `nn.Module.__getattr__` and raises inside it; reading `__dict__` avoids that. This loop runs
+    once per module of a model of up to millions of modules, hence the local aliases."""
     modern: list[tuple[Any, dict]] = []
     legacy: list[tuple[Any, dict]] = []
     graph_mark = None
     seen: set[int] = set()
     stack = [chunk]
+    pop, push, mark_seen = stack.pop, stack.extend, seen.add
     while stack:
-        module = stack.pop()
-        if id(module) in seen:
+        module = pop()
+        if module is None or id(module) in seen:
             continue
-        seen.add(id(module))
+        mark_seen(id(module))
         d = module.__dict__
         if WORKSPACES in d:
             modern.append((module, d))
         elif LEGACY_MARKER in d:
             legacy.append((module, d))
         children = d.get("_modules")
-        if graph_mark is None:
-            if children and children.get(_GRAPH_SUBMODULE) is not None:
-                graph_mark = f"{type(module).__name__}.{_GRAPH_SUBMODULE} is set"
-            elif d.get(_GRAPH_LIST):
-                graph_mark = f"{type(module).__name__}.{_GRAPH_LIST} holds captured graphs"
         if children:
-            stack.extend(c for c in children.values() if c is not None)
+            push(children.values())
+            if graph_mark is None and children.get(_GRAPH_SUBMODULE) is not None:
+                graph_mark = f"{type(module).__name__}.{_GRAPH_SUBMODULE} is set"
+        if graph_mark is None and _GRAPH_LIST in d and d[_GRAPH_LIST]:
+            graph_mark = f"{type(module).__name__}.{_GRAPH_LIST} holds captured graphs"
     return modern, legacy, graph_mark
 
 
