@@ -109,16 +109,19 @@ def _owner(module: ModuleType, attribute: str) -> tuple[Any, str] | None:
     return None
 
 
-def _rebind_aliases(module: ModuleType, name: str, original: Any, wrapper: Any) -> list[tuple[str, str]]:
-    """`from X import f` made before the patch holds the original: point it at the wrapper."""
+def _rebind(old: Any, new: Any) -> list[tuple[str, str]]:
+    """Point every module global that holds `old` at `new`.
+
+    Patching: `from X import f` made before the patch holds the original. Unpatching: one made
+    after it holds the wrapper, whether or not we ever saw that module."""
     rebound = []
     for mod_name, mod in list(sys.modules.items()):
         d = getattr(mod, "__dict__", None)
         if not isinstance(mod, ModuleType) or not isinstance(d, dict):
             continue
         for key, value in list(d.items()):
-            if value is original and not (mod is module and key == name):
-                d[key] = wrapper
+            if value is old:
+                d[key] = new
                 rebound.append((mod_name, key))
     return rebound
 
@@ -153,7 +156,7 @@ def _apply(target: Target, module: ModuleType) -> str:
     patch = Patch(target, owner, name, current, wrapper)
     setattr(owner, name, wrapper)
     if not is_method:
-        patch.aliases = _rebind_aliases(module, name, current, wrapper)
+        patch.aliases = _rebind(current, wrapper)
     _patches.setdefault(target.name, []).append(patch)
     return "patched"
 
@@ -167,10 +170,8 @@ def unpatch_all() -> int:
                 if vars(patch.owner).get(patch.name) is patch.wrapper:
                     setattr(patch.owner, patch.name, patch.original)
                     restored += 1
-                for mod_name, key in patch.aliases:
-                    d = getattr(sys.modules.get(mod_name), "__dict__", None)
-                    if isinstance(d, dict) and d.get(key) is patch.wrapper:
-                        d[key] = patch.original
+                if not isinstance(patch.owner, type):
+                    _rebind(patch.wrapper, patch.original)
         _patches.clear()
         _states.clear()
     return restored
