@@ -123,7 +123,7 @@ def cache_state(model: Any) -> dict[str, int]:
     for chunk in chunks:
         for module in chunk.modules():
             ws = module.__dict__.get("_fp8_workspaces")
-            if not ws:
+            if not isinstance(ws, dict) or not ws:
                 continue
             entries += len(ws)
             for value in ws.values():

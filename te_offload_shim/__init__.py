@@ -57,7 +57,17 @@ def _on_import(module: ModuleType) -> None:
 
     for target in _targets:
         if target.module == module.__name__:
-            _patch.apply(target, module)
+            try:
+                _patch.apply(target, module)
+            except Exception as exc:  # one bad target must not keep the others of its module unpatched
+                _on_hook_error(module.__name__, exc)
+
+
+def _on_ray_import(module: ModuleType) -> None:
+    # ray.init gains our worker_process_setup_hook, so the job's workers on every node are covered.
+    from . import _activation
+
+    _activation.on_ray_import(module)
 
 
 def all_targets() -> tuple[Target, ...]:
@@ -87,6 +97,7 @@ def install() -> bool:
         _watch.set_error_handler(_on_hook_error)
         for module in dict.fromkeys(t.module for t in _targets):
             _watch.watch(module, _on_import)
+        _watch.watch("ray", _on_ray_import)
     return True
 
 
@@ -101,6 +112,9 @@ def uninstall() -> int:
         patch = sys.modules.get(f"{__name__}._patch")
         if patch is not None:
             restored = patch.unpatch_all()
+        activation = sys.modules.get(f"{__name__}._activation")
+        if activation is not None:
+            activation.restore_ray_init()
         _installed = False
         return restored
 
@@ -178,7 +192,10 @@ def ray_setup() -> None:
     try:
         install()
     except Exception as exc:  # pragma: no cover - install() itself fails open
-        _warn("ray-setup", "te_offload_shim: ray_setup failed: %r", exc)
+        try:
+            _warn("ray-setup", "te_offload_shim: ray_setup failed: %r", exc)
+        except Exception:  # not even logging may fail the worker
+            pass
 
 
 if _config.enabled():

@@ -129,7 +129,11 @@ def _rebind(old: Any, new: Any) -> list[tuple[str, str]]:
 def apply(target: Target, module: ModuleType) -> str:
     """Patch `target` in the freshly imported `module`; returns the state recorded for it."""
     with _lock:
-        result = _apply(target, module)
+        try:
+            result = _apply(target, module)
+        except Exception as exc:
+            _states[target.name] = f"error: {type(exc).__name__}: {exc}"
+            raise
         _states[target.name] = result
         return result
 

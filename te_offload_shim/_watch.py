@@ -113,6 +113,17 @@ def _ensure_finder() -> None:
         sys.meta_path.insert(0, _finder)
 
 
+def _importing_elsewhere(name: str) -> bool:
+    """True while some thread holds the import lock of `name` (its import began before we were
+    on the meta path, so our loader will not see it finish)."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+    locks = getattr(sys.modules.get("importlib._bootstrap"), "_module_locks", {})
+    ref = locks.get(name)
+    return ref is not None and ref() is not None
+
+
 def watch(name: str, callback: Callback) -> None:
     """Call `callback(module)` after `name` is imported, and at once if it already is."""
     with _lock:
@@ -120,8 +131,17 @@ def watch(name: str, callback: Callback) -> None:
         if callback not in _callbacks[name]:
             _callbacks[name].append(callback)
         _ensure_finder()
+    if _importing_elsewhere(name):
+        # Wait on the module's own import lock for the other thread to finish. On this thread
+        # (a circular import) this returns the half-built module, which we must not patch.
+        import importlib
+
+        try:
+            importlib.import_module(name)
+        except Exception:
+            return  # the application's import failed; it will see that itself
     module = sys.modules.get(name)
-    if module is not None and getattr(getattr(module, "__spec__", None), "_initializing", False) is False:
+    if module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False):
         _run(name, module, callback)
 
 

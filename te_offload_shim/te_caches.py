@@ -145,7 +145,11 @@ def as_chunks(models: object) -> list[Any]:
     module_type = torch.nn.Module
     if isinstance(models, module_type):
         return [models]
-    return [m for m in models if isinstance(m, module_type)]  # type: ignore[attr-defined]
+    try:
+        items = iter(models)  # type: ignore[call-overload]
+    except TypeError:
+        return []  # not ours to complain about: the offload itself says what is wrong with it
+    return [m for m in items if isinstance(m, module_type)]
 
 
 def _walk(chunk: Any) -> tuple[list[tuple[Any, dict]], list[tuple[Any, dict]], str | None]:
@@ -353,7 +357,7 @@ def _clear_module(
     if not isinstance(workspaces, dict):
         where = _module_name(index, chunk, module)
         reason = f"{WORKSPACES} is a {type(workspaces).__name__}, not a dict"
-        warn_once(f"not-dict:{type(workspaces).__name__}", "te_offload_shim: %s at %s; left alone", reason, where)
+        warn_once("not-dict", "te_offload_shim: %s at %s; left alone", reason, where)
         report.skipped.append(Skipped(where, reason))
         return
     try:

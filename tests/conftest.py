@@ -32,10 +32,20 @@ def verl_path(version: str) -> Path:
     return path
 
 
-def run_py(code: str, *, verl: str | None = None, env: dict[str, str] | None = None, timeout: int = 180) -> dict:
-    """Run `code` in a fresh interpreter; return the dict it passed to `emit(...)`, plus its stderr."""
+def run_py(
+    code: str,
+    *,
+    verl: str | None = None,
+    env: dict[str, str] | None = None,
+    path: list[str | Path] = (),  # type: ignore[assignment]
+    timeout: int = 180,
+) -> dict:
+    """Run `code` in a fresh interpreter; return the dict it passed to `emit(...)`, plus its stderr.
+
+    `path` goes first on PYTHONPATH (modules a test wrote)."""
+    paths = [str(p) for p in path]
     # CI re-runs the subprocess suites with wrapt 1.x first on the path (scripts/test.sh)
-    paths = [p for p in os.environ.get("TEST_PYTHONPATH_PREFIX", "").split(os.pathsep) if p]
+    paths += [p for p in os.environ.get("TEST_PYTHONPATH_PREFIX", "").split(os.pathsep) if p]
     paths.append(str(REPO))
     if verl is not None:
         paths.append(str(verl_path(verl)))
