@@ -98,10 +98,10 @@ layer = te.TELinearStandIn(16, 16)
 te.fill_like_forward(layer)
 after([torch.nn.Sequential(layer)])
 reloaded_cleared = not layer._fp8_workspaces
-te_offload_shim.uninstall()
+layers = {"before": shim_layers(before), "after": shim_layers(after), "fresh": after is not before}
+te_offload_shim.uninstall()  # (this also points __main__'s own `after` back at the original)
 mu = importlib.reload(mu)
-emit(before=shim_layers(before), after=shim_layers(after), fresh=after is not before,
-     cleared=reloaded_cleared, after_uninstall=shim_layers(mu.offload_megatron_model_to_cpu))
+emit(**layers, cleared=reloaded_cleared, after_uninstall=shim_layers(mu.offload_megatron_model_to_cpu))
 """
 
 
