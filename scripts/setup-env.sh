@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-STAMP=.venv/.te-offload-shim-env-v1
+STAMP=.venv/.te-offload-shim-env-v2
 [[ -f $STAMP ]] && exit 0
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
@@ -18,6 +18,10 @@ pip tensordict==0.10.0 "transformers>=5.5.3,<5.11,!=5.6.0" omegaconf codetiming 
 pip --no-deps -e .
 for v in 0.7.1 0.8.0 0.9.1; do
   [[ -d .deps/verl-$v/verl ]] || pip --no-deps --target ".deps/verl-$v" "verl==$v"
+done
+# a second release with _ParamAndGradBuffer.offload_to_cpu (0.16.0) and one without it (0.15.3)
+for v in 0.16.0 0.15.3; do
+  [[ -d .deps/megatron-core-$v/megatron ]] || pip --no-deps --target ".deps/megatron-core-$v" "megatron-core==$v"
 done
 [[ -d .deps/wrapt-1/wrapt ]] || pip --no-deps --target .deps/wrapt-1 "wrapt==1.17.*"
 touch "$STAMP"

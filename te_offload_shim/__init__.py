@@ -6,8 +6,6 @@ offload functions when they are imported. Until then nothing beyond the standard
 imported. `TE_OFFLOAD_SHIM=0` turns the package into a no-op.
 """
 
-from __future__ import annotations
-
 import _thread
 import sys
 
@@ -36,23 +34,23 @@ __all__ = [
 
 _lock = _thread.RLock()
 _installed = False
-_targets: tuple[Target, ...] = ()
-_problems: list[str] = []
-_hook_errors: list[str] = []
+_targets: "tuple[Target, ...]" = ()
+_problems: "list[str]" = []
+_hook_errors: "list[str]" = []
 
 
-def _warn(key: str, message: str, *args: object) -> None:
+def _warn(key: "str", message: "str", *args: "object") -> "None":
     from ._log import warn_once
 
     warn_once(key, message, *args)
 
 
-def _on_hook_error(module: str, exc: BaseException) -> None:
+def _on_hook_error(module: "str", exc: "BaseException") -> "None":
     _hook_errors.append(f"{module}: {type(exc).__name__}: {exc}")
     _warn(f"hook:{module}", "te_offload_shim: patching %s failed (%r); it runs unpatched", module, exc)
 
 
-def _on_import(module: ModuleType) -> None:
+def _on_import(module: "ModuleType") -> "None":
     from . import _patch
 
     for target in _targets:
@@ -63,14 +61,21 @@ def _on_import(module: ModuleType) -> None:
                 _on_hook_error(module.__name__, exc)
 
 
-def _on_ray_import(module: ModuleType) -> None:
+def _on_ray_import(module: "ModuleType") -> "None":
     # ray.init gains our worker_process_setup_hook, so the job's workers on every node are covered.
     from . import _activation
 
     _activation.on_ray_import(module)
 
 
-def all_targets() -> tuple[Target, ...]:
+def _on_ray_function_manager(module: "ModuleType") -> "None":
+    # A Ray actor runs by-value copies of its methods: patch them as each actor class is loaded.
+    from . import ray_actors
+
+    ray_actors.on_import(module)
+
+
+def all_targets() -> "tuple[Target, ...]":
     """The built-in table plus `TE_OFFLOAD_SHIM_TARGETS`, as installed (or as they would be)."""
     if _installed:
         return _targets
@@ -78,7 +83,7 @@ def all_targets() -> tuple[Target, ...]:
     return (*BUILTIN, *user)
 
 
-def install() -> bool:
+def install() -> "bool":
     """Watch every target module and patch it on import (at once if already imported).
 
     Idempotent and thread-safe. Returns False when `TE_OFFLOAD_SHIM=0`."""
@@ -98,10 +103,11 @@ def install() -> bool:
         for module in dict.fromkeys(t.module for t in _targets):
             _watch.watch(module, _on_import)
         _watch.watch("ray", _on_ray_import)
+        _watch.watch("ray._private.function_manager", _on_ray_function_manager)
     return True
 
 
-def uninstall() -> int:
+def uninstall() -> "int":
     """Stop watching, restore every original (module attributes and rebound aliases).
 
     Returns how many patched attributes were restored. `install()` works again afterwards."""
@@ -115,15 +121,18 @@ def uninstall() -> int:
         activation = sys.modules.get(f"{__name__}._activation")
         if activation is not None:
             activation.restore_ray_init()
+        ray_actors = sys.modules.get(f"{__name__}.ray_actors")
+        if ray_actors is not None:
+            ray_actors.restore()
         _installed = False
         return restored
 
 
-def installed() -> bool:
+def installed() -> "bool":
     return _installed
 
 
-def status() -> dict[str, Any]:
+def status() -> "dict[str, Any]":
     """What this process has: switches, and for each target whether it is imported and patched."""
     patch = sys.modules.get(f"{__name__}._patch")
     disabled = _config.disabled_targets()
@@ -157,7 +166,7 @@ def status() -> dict[str, Any]:
     }
 
 
-def _layers(target: Target) -> int:
+def _layers(target: "Target") -> "int":
     from . import _patch
 
     module = sys.modules.get(target.module)
@@ -165,28 +174,28 @@ def _layers(target: Target) -> int:
     return _patch.shim_layers(vars(found[0])[found[1]]) if found else 0
 
 
-def stats() -> dict[str, Any]:
+def stats() -> "dict[str, Any]":
     """Totals so far in this process: calls, entries, bytes (and per target)."""
     from . import _offload
 
     return _offload.stats()
 
 
-def clear_fp8_workspaces(models: object, *, strict: bool | None = None) -> CacheReport:
+def clear_fp8_workspaces(models: "object", *, strict: "bool | None" = None) -> "CacheReport":
     """Drop TE's cached FP8 weight copies in `models` now; returns what was cleared and skipped."""
     from .te_caches import clear_fp8_workspaces as clear
 
     return clear(models, strict=strict)
 
 
-def scan(models: object) -> CacheReport:
+def scan(models: "object") -> "CacheReport":
     """What `clear_fp8_workspaces(models)` would clear, changing nothing."""
     from .te_caches import scan as scan_
 
     return scan_(models)
 
 
-def ray_setup() -> None:
+def ray_setup() -> "None":
     """For `runtime_env={"worker_process_setup_hook": "te_offload_shim.ray_setup"}`. Never raises:
     a raising setup hook kills the Ray worker."""
     try:

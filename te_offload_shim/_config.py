@@ -4,8 +4,6 @@ Read at call time rather than import time, so a test (or an operator with a debu
 switch in a running process and the next offload sees it.
 """
 
-from __future__ import annotations
-
 import os
 
 _FALSE = {"0", "false", "no", "off"}
@@ -19,7 +17,7 @@ FORCE_CUDA_GRAPHS = "TE_OFFLOAD_SHIM_FORCE_CUDA_GRAPHS"
 ALL_SWITCHES = (ENABLE, STRICT, DISABLE, TARGETS, FORCE_CUDA_GRAPHS)
 
 
-def _flag(name: str, default: bool) -> bool:
+def _flag(name: "str", default: "bool") -> "bool":
     value = os.environ.get(name, "").strip().lower()
     if value in _TRUE:
         return True
@@ -28,31 +26,31 @@ def _flag(name: str, default: bool) -> bool:
     return default
 
 
-def enabled() -> bool:
+def enabled() -> "bool":
     """False when TE_OFFLOAD_SHIM=0: the whole package becomes a no-op."""
     return _flag(ENABLE, True)
 
 
-def strict() -> bool:
+def strict() -> "bool":
     """True when TE_OFFLOAD_SHIM_STRICT=1: the shim's own errors raise instead of warning."""
     return _flag(STRICT, False)
 
 
-def force_with_cuda_graphs() -> bool:
+def force_with_cuda_graphs() -> "bool":
     """True when the user states their CUDA graphs are re-captured after an offload."""
     return _flag(FORCE_CUDA_GRAPHS, False)
 
 
-def disabled_targets() -> frozenset[str]:
+def disabled_targets() -> "frozenset[str]":
     """Target names switched off by TE_OFFLOAD_SHIM_DISABLE (`*` switches off every target)."""
     raw = os.environ.get(DISABLE, "")
     return frozenset(part.strip() for part in raw.split(",") if part.strip())
 
 
-def is_disabled(name: str) -> bool:
+def is_disabled(name: "str") -> "bool":
     off = disabled_targets()
     return "*" in off or name in off
 
 
-def user_targets() -> str:
+def user_targets() -> "str":
     return os.environ.get(TARGETS, "")

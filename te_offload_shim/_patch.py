@@ -38,8 +38,11 @@ class ShimWrapper(wrapt.FunctionWrapper):
     wrapt's proxies refuse to pickle; Ray pickles what it cannot import by value, so a module-level
     function that is our wrapper must pickle as "import module, get qualname"."""
 
-    def __init__(self, wrapped: Any, wrapper: Any, target_name: str, module: str, qualname: str) -> None:
+    def __init__(
+        self, wrapped: Any, wrapper: Any, target_name: str, module: str, qualname: str, signature: Any = None
+    ) -> None:
         super().__init__(wrapped, wrapper)
+        self._self_signature = signature
         self._self_target_name = target_name
         self._self_module_name = module
         self._self_qualname = qualname
@@ -156,7 +159,8 @@ def _apply(target: Target, module: ModuleType) -> str:
     signature = inspect.signature(current)
     handler = make_handler(target, signature, is_method)
     qualname = f"{owner.__qualname__}.{name}" if is_method else name
-    wrapper = ShimWrapper(current, handler, target.name, owner.__module__ if is_method else module.__name__, qualname)
+    origin_module = owner.__module__ if is_method else module.__name__
+    wrapper = ShimWrapper(current, handler, target.name, origin_module, qualname, signature)
     patch = Patch(target, owner, name, current, wrapper)
     setattr(owner, name, wrapper)
     if not is_method:

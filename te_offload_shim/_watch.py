@@ -6,8 +6,6 @@ import a target. Unlike wrapt's post-import hooks it stays on `sys.meta_path`, s
 A callback never makes the import fail: its exception is handed to `on_error`.
 """
 
-from __future__ import annotations
-
 import _thread
 import sys
 
@@ -20,18 +18,18 @@ if TYPE_CHECKING:
 
     Callback = Callable[[ModuleType], None]
 
-_callbacks: dict[str, list[Callback]] = {}
+_callbacks: "dict[str, list[Callback]]" = {}
 _lock = _thread.RLock()
 _searching = _thread._local()
-_on_error: Callable[[str, BaseException], None] | None = None
+_on_error: "Callable[[str, BaseException], None] | None" = None
 
 
-def set_error_handler(handler: Callable[[str, BaseException], None]) -> None:
+def set_error_handler(handler: "Callable[[str, BaseException], None]") -> "None":
     global _on_error
     _on_error = handler
 
 
-def _run(name: str, module: ModuleType, callback: Callback) -> None:
+def _run(name: "str", module: "ModuleType", callback: "Callback") -> "None":
     try:
         callback(module)
     except Exception as exc:  # never let a hook fail the target's import
@@ -42,7 +40,7 @@ def _run(name: str, module: ModuleType, callback: Callback) -> None:
                 pass
 
 
-def _fire(name: str, module: ModuleType) -> None:
+def _fire(name: "str", module: "ModuleType") -> "None":
     with _lock:
         callbacks = list(_callbacks.get(name, ()))
     for callback in callbacks:
@@ -52,17 +50,17 @@ def _fire(name: str, module: ModuleType) -> None:
 class _ChainedLoader:
     """Runs the real loader, then the callbacks; hands the real loader back to the module."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: "Any") -> "None":
         self._loader = loader
 
-    def __getattr__(self, name: str) -> object:
+    def __getattr__(self, name: "str") -> "object":
         return getattr(self._loader, name)
 
-    def create_module(self, spec: object) -> ModuleType | None:
+    def create_module(self, spec: "object") -> "ModuleType | None":
         create = getattr(self._loader, "create_module", None)
         return create(spec) if create is not None else None
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: "ModuleType") -> "None":
         # Nothing after this point should see our proxy, e.g. pkgutil or a later reload.
         module.__loader__ = self._loader
         spec = getattr(module, "__spec__", None)
@@ -75,7 +73,7 @@ class _ChainedLoader:
 class _Finder:
     """A meta path finder that only ever answers for watched names, by asking the others."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(self, fullname: "str", path: "Any" = None, target: "Any" = None) -> "Any":
         if fullname not in _callbacks:
             return None
         searching = _searching.__dict__.setdefault("names", set())
@@ -101,19 +99,19 @@ class _Finder:
             spec.loader = _ChainedLoader(loader)
         return spec
 
-    def invalidate_caches(self) -> None:
+    def invalidate_caches(self) -> "None":
         pass
 
 
 _finder = _Finder()
 
 
-def _ensure_finder() -> None:
+def _ensure_finder() -> "None":
     if not any(f is _finder for f in sys.meta_path):
         sys.meta_path.insert(0, _finder)
 
 
-def _importing_elsewhere(name: str) -> bool:
+def _importing_elsewhere(name: "str") -> "bool":
     """True while some thread holds the import lock of `name` (its import began before we were
     on the meta path, so our loader will not see it finish)."""
     module = sys.modules.get(name)
@@ -124,7 +122,7 @@ def _importing_elsewhere(name: str) -> bool:
     return ref is not None and ref() is not None
 
 
-def watch(name: str, callback: Callback) -> None:
+def watch(name: "str", callback: "Callback") -> "None":
     """Call `callback(module)` after `name` is imported, and at once if it already is."""
     with _lock:
         _callbacks.setdefault(name, [])
@@ -145,13 +143,13 @@ def watch(name: str, callback: Callback) -> None:
         _run(name, module, callback)
 
 
-def unwatch_all() -> None:
+def unwatch_all() -> "None":
     """Drop every callback and take the finder off the meta path."""
     with _lock:
         _callbacks.clear()
         sys.meta_path[:] = [f for f in sys.meta_path if f is not _finder]
 
 
-def watched() -> list[str]:
+def watched() -> "list[str]":
     with _lock:
         return sorted(_callbacks)

@@ -12,8 +12,6 @@ argument. It is parsed, never evaluated.
 Standard library only: the table is read at `import te_offload_shim`.
 """
 
-from __future__ import annotations
-
 TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start
 
 if TYPE_CHECKING:
@@ -27,17 +25,17 @@ class Where:
 
     __slots__ = ("call", "path", "root", "text")
 
-    def __init__(self, root: str, path: tuple[str, ...], call: bool, text: str) -> None:
+    def __init__(self, root: "str", path: "tuple[str, ...]", call: "bool", text: "str") -> "None":
         self.root = root
         self.path = path
         self.call = call
         self.text = text
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> "str":
         return f"Where({self.text!r})"
 
 
-def parse_where(text: str) -> Where:
+def parse_where(text: "str") -> "Where":
     """Parse a `where` spec; raise ValueError with a readable message when malformed."""
     spec = text.strip()
     if not spec:
@@ -71,19 +69,19 @@ class Target:
 
     def __init__(
         self,
-        name: str,
-        module: str,
-        attribute: str,
-        where: str = "",
+        name: "str",
+        module: "str",
+        attribute: "str",
+        where: "str" = "",
         *,
-        distribution: str | None = None,
-        versions: str = "",
-        when: Callable[[Mapping[str, Any]], bool] | None = None,
-        step_aside: Callable[[Mapping[str, Any]], str | None] | None = None,
-        fixed_upstream: Callable[[ModuleType], bool] | None = None,
-        resolve: Callable[[Any], tuple[Any, Any]] | None = None,
-        note: str = "",
-    ) -> None:
+        distribution: "str | None" = None,
+        versions: "str" = "",
+        when: "Callable[[Mapping[str, Any]], bool] | None" = None,
+        step_aside: "Callable[[Mapping[str, Any]], str | None] | None" = None,
+        fixed_upstream: "Callable[[ModuleType], bool] | None" = None,
+        resolve: "Callable[[Any], tuple[Any, Any]] | None" = None,
+        note: "str" = "",
+    ) -> "None":
         self.name = name
         self.module = module
         self.attribute = attribute
@@ -97,37 +95,39 @@ class Target:
         self.note = note
 
     @property
-    def path(self) -> str:
+    def path(self) -> "str":
         return f"{self.module}:{self.attribute}"
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> "str":
         return f"Target({self.name!r}, {self.path!r})"
 
 
 # --- conditions, referenced by the entries below ------------------------------------------------
 
 
-def _has_attr(name: str) -> Callable[[ModuleType], bool]:
-    def check(module: ModuleType) -> bool:
+def _has_attr(name: "str") -> "Callable[[ModuleType], bool]":
+    def check(module: "ModuleType") -> "bool":
         return hasattr(module, name)
 
     check.__name__ = f"has_{name}"
     return check
 
 
-def _truthy(param: str) -> Callable[[Mapping[str, Any]], bool]:
-    def check(call: Mapping[str, Any]) -> bool:
+def _truthy(param: "str") -> "Callable[[Mapping[str, Any]], bool]":
+    def check(call: "Mapping[str, Any]") -> "bool":
         return bool(call.get(param, True))
 
     check.__name__ = f"{param}_truthy"
     return check
 
 
-def _offloads_model_params(call: Mapping[str, Any]) -> bool:
+def _offloads_model_params(call: "Mapping[str, Any]") -> "bool":
     """ROLL: `include=None` means every state; otherwise the list must name model params."""
     include = call.get("include")
     if include is None:
         return True
+    if isinstance(include, str):  # one OffloadStateType (a str Enum) rather than a list of them
+        include = (include,)
     try:
         names = {getattr(item, "name", item) for item in include}
         values = {getattr(item, "value", item) for item in include}
@@ -136,16 +136,17 @@ def _offloads_model_params(call: Mapping[str, Any]) -> bool:
     return "model_params" in names or "model_params" in values
 
 
-def _nemo_rl_clears_itself(call: Mapping[str, Any]) -> str | None:
+def _nemo_rl_clears_itself(call: "Mapping[str, Any]") -> "str | None":
     """NeMo-RL >= 0.7 clears the caches itself when `policy.megatron_cfg.fp8_cfg.force_clear_fp8_caches`
     (read as `self.fp8_cfg.get("force_clear_fp8_caches", False)`, megatron_policy_worker.py @04fc1377)."""
     fp8_cfg = getattr(call.get("self"), "fp8_cfg", None)
-    if isinstance(fp8_cfg, dict) and fp8_cfg.get("force_clear_fp8_caches", False):
+    get = getattr(fp8_cfg, "get", None)  # a dict, or an OmegaConf DictConfig
+    if callable(get) and get("force_clear_fp8_caches", False):
         return "NeMo-RL fp8_cfg.force_clear_fp8_caches is on"
     return None
 
 
-def _miles_clears_itself(call: Mapping[str, Any]) -> str | None:
+def _miles_clears_itself(call: "Mapping[str, Any]") -> "str | None":
     """miles PR #2142: `--clear-quantized-weight-workspaces-on-offload` (default on)."""
     args = getattr(call.get("self"), "args", None)
     if getattr(args, "clear_quantized_weight_workspaces_on_offload", False):
@@ -153,13 +154,13 @@ def _miles_clears_itself(call: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _releases_weights(call: Mapping[str, Any]) -> bool:
-    """AReaL awex: `tags=None` means ["optimizer", "weights"]."""
+def _releases_weights(call: "Mapping[str, Any]") -> "bool":
+    """AReaL awex: `tags = tags or ["optimizer", "weights"]`, so an empty list means both too."""
     tags = call.get("tags")
-    return tags is None or "weights" in tags
+    return not tags or "weights" in tags
 
 
-def _megatron_buffer_modules(buffer: Any) -> Any:
+def _megatron_buffer_modules(buffer: "Any") -> "Any":
     from .megatron_buffers import modules_of_buffer
 
     return modules_of_buffer(buffer)
@@ -167,7 +168,7 @@ def _megatron_buffer_modules(buffer: Any) -> Any:
 
 # --- the table ----------------------------------------------------------------------------------
 
-BUILTIN: tuple[Target, ...] = (
+BUILTIN: "tuple[Target, ...]" = (
     Target(
         "verl",
         "verl.utils.megatron_utils",
@@ -243,6 +244,15 @@ BUILTIN: tuple[Target, ...] = (
         when=_releases_weights,
     ),
     Target(
+        "areal-awex-1.0",
+        "areal.experimental.weight_update.awex.megatron_adapter",
+        "AwexMegatronAdapter.release_memory",
+        "self._engine.model",
+        distribution="areal",
+        versions="1.0.4 (the PyPI release; moved to areal.engine.awex.colocate_writer on main)",
+        when=_releases_weights,
+    ),
+    Target(
         "areal",
         "areal.engine.megatron_engine",
         "MegatronEngine.offload",
@@ -270,7 +280,7 @@ BUILTIN: tuple[Target, ...] = (
 )
 
 
-def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
+def parse_user_targets(text: "str") -> "tuple[list[Target], list[str]]":
     """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
 
     Returns the good entries and one message per malformed entry (the others still work)."""

@@ -15,8 +15,8 @@ Layouts (TE source files named so they can be checked again):
   `weight{i}_t_fp8`. NOT safe to drop: a later forward with `is_first_microbatch=False`
   re-allocates an uninitialised buffer and uses it unfilled. Left alone, reported as skipped.
 
-The values are quantized tensors whose bytes live in inner tensors, never in the wrapper
-(`untyped_storage()` of the wrapper is empty by design from TE 2.16): see `_INNER_ATTRS`.
+The values are quantized tensors whose bytes live in inner tensors, never in the wrapper: counting
+them is `te_bytes`'s job.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import _config
+from . import _config, te_bytes
 from ._log import warn_once
 
 if TYPE_CHECKING:
@@ -34,42 +34,6 @@ if TYPE_CHECKING:
 WORKSPACES = "_fp8_workspaces"
 LEGACY_MARKER = "fp8_weight_shapes"
 LEGACY_ATTRS = ("weight1_fp8", "weight1_t_fp8", "weight2_fp8", "weight2_t_fp8")
-
-# Where the bytes of a cached value live, by TE version. Counted, deduplicated by storage.
-_INNER_ATTRS = (
-    # 1.x Float8Tensor (tensor/float8_tensor.py) and 2.4+ Float8Tensor / Float8TensorStorage
-    "_data",
-    "_transpose",
-    "_scale_inv",
-    # 2.x MXFP8 / Float8Blockwise / NVFP4 storages (tensor/_internal, later tensor/storage)
-    "_rowwise_data",
-    "_columnwise_data",
-    "_rowwise_scale_inv",
-    "_columnwise_scale_inv",
-    "_amax_rowwise",
-    "_amax_columnwise",
-    # 2.19+ GroupedTensor (public fields)
-    "rowwise_data",
-    "columnwise_data",
-    "scale_inv",
-    "columnwise_scale_inv",
-    # 2.19+ nested storages and the debug wrapper
-    "_rowwise_storage",
-    "_columnwise_storage",
-    "rowwise_gemm_tensor",
-    "columnwise_gemm_tensor",
-    "quantized_tensors",
-)
-# Any of these marks an object as a TE storage worth looking into (a quantizer has none of them).
-_STORAGE_MARKS = (
-    "_data",
-    "_rowwise_data",
-    "_columnwise_data",
-    "rowwise_data",
-    "_rowwise_storage",
-    "rowwise_gemm_tensor",
-)
-_MAX_DEPTH = 4
 
 # Megatron's TransformerConfig switches for CUDA graphs (megatron/core/transformer/transformer_config.py).
 _GRAPH_CONFIG_FLAGS = ("enable_cuda_graph", "external_cuda_graph")
@@ -204,64 +168,6 @@ def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
     return graph_mark
 
 
-def _inner_candidates(value: Any) -> list[Any]:
-    """Everything that may hold `value`'s bytes: its `get_metadata()` values (TE 2.0+), the names in
-    its class's `_INNER_TENSORS` (TE main), and the attribute names known from every release.
-    Duplicates are harmless: storages are deduplicated afterwards."""
-    found: list[Any] = []
-    get_metadata = getattr(value, "get_metadata", None)
-    if callable(get_metadata):
-        try:
-            found.extend(get_metadata().values())
-        except NotImplementedError:  # DebugQuantizedTensor inherits an abstract one
-            pass
-    for entry in getattr(type(value), "_INNER_TENSORS", ()) or ():
-        name = entry[0] if isinstance(entry, tuple) else entry
-        if isinstance(name, str):
-            found.append(getattr(value, name, None))
-    found.extend(getattr(value, name, None) for name in _INNER_ATTRS)
-    return found
-
-
-def _inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> None:
-    """Append the plain tensors that hold `value`'s bytes."""
-    if value is None or depth > _MAX_DEPTH:
-        return
-    if type(value) is torch.Tensor or type(value) is torch.nn.Parameter:
-        out.append(value)
-        return
-    if isinstance(value, (list, tuple)):  # GroupedTensor.quantized_tensors
-        for item in value:
-            _inner_tensors(item, torch, out, depth + 1)
-        return
-    if any(hasattr(value, mark) for mark in _STORAGE_MARKS):
-        for item in _inner_candidates(value):
-            if item is not None and item is not value:
-                _inner_tensors(item, torch, out, depth + 1)
-    elif isinstance(value, torch.Tensor):
-        out.append(value)  # an unknown tensor subclass with storage of its own
-
-
-def _storage_key(t: Any) -> tuple[tuple[str, int], int] | None:
-    storage = t.untyped_storage()
-    ptr = storage.data_ptr()
-    if ptr == 0:
-        return None
-    return (str(t.device), ptr), storage.nbytes()
-
-
-def _storages(values: Iterable[Any], torch: Any) -> dict[tuple[str, int], int]:
-    tensors: list[Any] = []
-    for value in values:
-        _inner_tensors(value, torch, tensors)
-    found: dict[tuple[str, int], int] = {}
-    for t in tensors:
-        keyed = _storage_key(t)
-        if keyed is not None:
-            found[keyed[0]] = keyed[1]
-    return found
-
-
 def _module_name(chunk_index: int, chunk: Any, module: Any) -> str:
     for name, sub in chunk.named_modules():
         if sub is module:
@@ -303,7 +209,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
         return report
     strict = _config.strict() if strict is None else strict
     before = _allocated(torch) if clear else None
-    counted: set[tuple[str, int]] = set()
+    counted: set[int] = set()
     param_ids = None if params is None else {id(p) for p in params}
     for index, chunk in enumerate(as_chunks(models)):
         modern, legacy, graph_mark = _walk(chunk)
@@ -311,7 +217,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
             modern = [(m, d) for m, d in modern if _owns_any(d, param_ids)]
             legacy = [(m, d) for m, d in legacy if _owns_any(d, param_ids)]
         for module, d in legacy:
-            sizes = _storages((d.get(a) for a in LEGACY_ATTRS), torch)
+            sizes = te_bytes.storages([d.get(a) for a in LEGACY_ATTRS], torch)
             report.skipped.append(
                 Skipped(
                     _module_name(index, chunk, module),
@@ -351,7 +257,7 @@ def _clear_module(
     workspaces: Any,
     torch: Any,
     clear: bool,
-    counted: set[tuple[str, int]],
+    counted: set[int],
     report: CacheReport,
 ) -> None:
     if not isinstance(workspaces, dict):
@@ -372,16 +278,12 @@ def _clear_module(
         )
         return
     try:
-        held = _storages(values, torch)
-        shared = _storages(module.__dict__.get("_parameters", {}).values(), torch)
-        for key, nbytes in held.items():
-            if key in counted:
-                continue
-            counted.add(key)
-            if key in shared:
-                report.bytes_shared += nbytes
-            else:
-                report.bytes += nbytes
+        held = te_bytes.storages(values, torch)
+        shared = te_bytes.shared_with(held, (module.__dict__.get("_parameters") or {}).values(), torch)
+        fresh = held.keys() - counted  # a storage two entries share is counted once
+        counted.update(fresh)
+        report.bytes += sum(held[k] for k in fresh if k not in shared)
+        report.bytes_shared += sum(held[k] for k in fresh if k in shared)
     except Exception as exc:  # accounting must never keep the caches alive
         report.errors.append(f"accounting {type(module).__name__}: {type(exc).__name__}: {exc}")
         warn_once(f"account:{type(exc).__name__}", "te_offload_shim: byte accounting failed: %r", exc)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness import te_standins as te
-from te_offload_shim import te_caches
+from te_offload_shim import te_bytes
 from te_offload_shim.te_caches import ShimError, clear_fp8_workspaces, scan
 
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
@@ -73,7 +73,7 @@ def test_wrapper_tensors_own_no_bytes_so_inner_tensors_are_what_count() -> None:
     value = te.Float8TensorV2(weight())
     with pytest.raises(RuntimeError, match="invalid python storage"):
         value.untyped_storage().data_ptr()
-    assert sum(te_caches._storages([value], torch).values()) == oracle_bytes([value]) > 0
+    assert sum(te_bytes.storages([value], torch).values()) == oracle_bytes([value]) > 0
 
 
 def test_module_kinds_and_their_keys() -> None:

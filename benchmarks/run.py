@@ -1,0 +1,214 @@
+"""Every benchmark, one table: each figure a median over repeated runs, side by side with the
+reference it is compared against (measured in the same run), and the ratio ours / reference.
+
+    benchmarks/run.sh [--quick] [--only walk,offload,startup,gpu] [--json PATH]
+
+Each benchmark runs in a fresh interpreter of its own (they put different verl releases on the
+path, and start-up must be measured from a clean process). The table is printed and written as
+JSON to benchmarks/results/latest.json (git-ignored; BENCHMARKS.md carries the published table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, parse_result, quiet_env, table
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "latest.json"
+SCRIPTS = {"walk": "walk.py", "offload": "offload_overhead.py"}
+ORDER = ("startup", "walk", "offload", "gpu")
+
+
+def _script(name: str, extra: list[str], timeout: int = 900) -> dict[str, Any]:
+    env = quiet_env()
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", str(HERE / name), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
+    result = parse_result(proc.stdout)
+    if result is None:
+        raise RuntimeError(f"{name} exited {proc.returncode} without a result:\n{proc.stderr[-3000:]}")
+    return result
+
+
+def _not_available(benchmark: str, why: str) -> dict[str, Any]:
+    return {"rows": [{"benchmark": benchmark, "case": "not available", "note": why}]}
+
+
+def startup(quick: bool) -> dict[str, Any]:
+    """benchmarks/startup.py is written by another engineer: call its `run(quick=...)` if it has one
+    returning rows, otherwise run it as a script and read its printed medians (it parses its own
+    argv, so its `main()` is never called in this process)."""
+    path = HERE / "startup.py"
+    if not path.exists():
+        return _not_available("start-up", "benchmarks/startup.py is not in this tree")
+    spec = importlib.util.spec_from_file_location("_bench_startup", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    if callable(getattr(module, "run", None)):
+        result = module.run(quick=quick)
+        if isinstance(result, dict) and "rows" in result:
+            return result
+    env = quiet_env()
+    proc = subprocess.run(
+        [sys.executable, str(path), *(["--runs", "5"] if quick else [])],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=900,
+    )
+    parsed = _parse_startup(proc.stdout) if proc.returncode == 0 else None
+    if parsed is None:
+        return _not_available("start-up", f"startup.py exited {proc.returncode}; output not understood")
+    return parsed
+
+
+_MEDIAN = re.compile(r"^(python -c .*?)\s+(\d+\.\d+)(?:\s|$)")
+
+
+def _parse_startup(stdout: str) -> dict[str, Any] | None:
+    """Rows from startup.py's printed table: each case's median (ms) against `python -c pass`
+    without the .pth, measured interleaved in the same run."""
+    medians = {m.group(1): float(m.group(2)) for line in stdout.splitlines() if (m := _MEDIAN.match(line.strip()))}
+    base = medians.get("python -c pass (no .pth)")
+    on = medians.get("python -c pass (.pth enabled)")
+    imported = next((v for k, v in medians.items() if "import te_offload_shim" in k), None)
+    if base is None or on is None or imported is None:
+        return None
+    extra = " ".join(line.strip() for line in stdout.splitlines() if line.startswith(("-X importtime", "of which")))
+    rows = [
+        {
+            "benchmark": "start-up",
+            "case": "interpreter start, .pth active",
+            "unit": "ms",
+            "ours": on,
+            "reference": base,
+            "ratio": on / base,
+            "note": f"python -c pass with the shim's .pth vs without; added {on - base:+.2f} ms",
+        },
+        {
+            "benchmark": "start-up",
+            "case": "import te_offload_shim",
+            "unit": "ms",
+            "ours": imported,
+            "reference": base,
+            "ratio": imported / base,
+            "note": f"python -c 'import te_offload_shim' vs python -c pass; added {imported - base:+.2f} ms. {extra}",
+        },
+    ]
+    return {"rows": rows, "stdout": stdout}
+
+
+def gpu(quick: bool) -> dict[str, Any]:
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True
+    )
+    if probe.stdout.strip() != "True":
+        return _not_available("gpu memory", "no CUDA device here: run benchmarks/gpu_memory.py on one")
+    result = _script("gpu_memory.py", [])
+    rows = []
+    for name in ("without", "with"):
+        c = result["cases"][name]
+        freed = c["after"]["free"] - c["before"]["free"]
+        rows.append(
+            {
+                "benchmark": "gpu memory",
+                "case": f"{name} shim",
+                "unit": "MiB",
+                "ours": c["after"]["allocated"] / 2**20,
+                "reference": c["caches_before"]["bytes"] / 2**20,
+                "ratio": None,
+                "note": f"allocated after offload vs cache size; driver got back {freed / 2**20:,.0f} MiB"
+                f"; entries left {c['caches_after']['entries']}",
+            }
+        )
+    return {**result, "rows": rows}
+
+
+def run_all(quick: bool, only: tuple[str, ...]) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for name in ORDER:
+        if name not in only:
+            continue
+        start = time.perf_counter()
+        try:
+            if name == "startup":
+                results[name] = startup(quick)
+            elif name == "gpu":
+                results[name] = gpu(quick)
+            else:
+                results[name] = _script(SCRIPTS[name], ["--quick"] if quick else [])
+        except Exception as exc:  # one broken benchmark must not hide the others' figures
+            results[name] = _not_available(name, f"failed: {type(exc).__name__}: {str(exc)[:300]}")
+            results[name]["error"] = True
+        results[name]["seconds"] = time.perf_counter() - start
+    rows = [r for name in ORDER if name in results for r in results[name].get("rows", [])]
+    return {"machine": machine(), "quick": quick, "rows": rows, "results": results}
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                info["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+    )
+    info["torch"] = probe.stdout.strip() or None
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny configurations: checks that all run, no figures")
+    parser.add_argument("--only", default=",".join(ORDER), help=f"comma-separated subset of {','.join(ORDER)}")
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the JSON (default {RESULTS})")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    args = parser.parse_args(argv)
+    only = tuple(n.strip() for n in args.only.split(",") if n.strip())
+    unknown = set(only) - set(ORDER)
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+    result = run_all(args.quick, only)
+    m = result["machine"]
+    cpu = f"{m.get('cpu', '?')}, {m['cpus']} CPUs, {m.get('memory_gib', '?')} GiB"
+    print(f"{cpu}; Python {m['python']}, torch {m['torch']}")
+    print(table(result["rows"], markdown=args.markdown))
+    print("ratio = ours / reference (lower is better); every figure a median over the repeats shown in the JSON")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2))
+    print(f"written: {args.json}")
+    return 1 if any(r.get("error") for r in result["results"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

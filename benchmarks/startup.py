@@ -1,0 +1,105 @@
+"""Interpreter start-up cost of the shim: `python -c pass` with the .pth enabled against without it,
+and `import te_offload_shim` against nothing. Goal: under 1 ms added, and nothing beyond the
+standard library imported at start-up.
+
+Two throw-away venvs that differ only in `te_offload_shim.pth` (both see this checkout through a
+path .pth, as an editable install does). Runs alternate between the two set-ups, so that machine
+load drifts over both alike; medians of --runs each.
+
+    .venv/bin/python benchmarks/startup.py [--runs 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from te_offload_shim import _activation  # noqa: E402
+
+GOAL_MS = 1.0
+
+
+def make_venv(root: Path, *, shim_pth: bool) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(site, "checkout.pth").write_text(f"{REPO}\n")
+    if shim_pth:
+        _activation.enable(site)
+    return python
+
+
+def wall_ms(cmd: list[str | Path], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env)
+    return (time.perf_counter() - start) * 1e3
+
+
+def importtime_us(python: Path, env: dict[str, str]) -> int:
+    """Cumulative -X importtime of te_offload_shim, however it got imported (.pth or statement)."""
+    err = subprocess.run(
+        [python, "-X", "importtime", "-c", "import te_offload_shim"], env=env, capture_output=True, text=True
+    ).stderr
+    match = re.search(r"^import time:\s+\d+ \|\s+(\d+) \|\s+te_offload_shim$", err, re.M)
+    return int(match.group(1)) if match else -1
+
+
+def modules(python: Path, env: dict[str, str]) -> set[str]:
+    out = subprocess.run(
+        [python, "-c", "import sys; print('\\n'.join(sys.modules))"], env=env, capture_output=True, text=True
+    )
+    return set(out.stdout.split())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=40)
+    args = parser.parse_args()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON"))}
+    with tempfile.TemporaryDirectory() as tmp:
+        off = make_venv(Path(tmp, "off"), shim_pth=False)
+        on = make_venv(Path(tmp, "on"), shim_pth=True)
+        cases = {
+            "python -c pass (no .pth)": [off, "-c", "pass"],
+            "python -c pass (.pth enabled)": [on, "-c", "pass"],
+            "python -c 'import te_offload_shim'": [off, "-c", "import te_offload_shim"],
+        }
+        for cmd in cases.values():  # warm the file cache and write the .pyc files
+            wall_ms(cmd, env)
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(args.runs):
+            for name, cmd in cases.items():
+                times[name].append(wall_ms(cmd, env))
+        med = {name: statistics.median(values) for name, values in times.items()}
+        imp = sorted(importtime_us(on, env) for _ in range(9))[4]
+        added = sorted(modules(on, env) - modules(off, env))
+
+    base = med["python -c pass (no .pth)"]
+    print(f"python {sys.version.split()[0]}, {args.runs} interleaved runs each, medians (ms)")
+    print(f"{'case':<38} {'median':>8} {'added':>8} {'goal':>8}")
+    for name, value in med.items():
+        extra = "" if value is base else f"{value - base:+8.2f} {'<' + str(GOAL_MS):>8}"
+        print(f"{name:<38} {value:8.2f} {extra}")
+    print(f"-X importtime of te_offload_shim at start-up (cumulative, median of 9): {imp / 1e3:.2f} ms")
+    foreign = [m for m in added if m != "te_offload_shim" and not m.startswith("te_offload_shim.")]
+    print(f"modules added at start-up by the .pth: {', '.join(added)}")
+    print(f"of which outside te_offload_shim: {', '.join(foreign) or 'none'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""`python -m te_offload_shim ...`: the same as the `te-offload-shim` console script."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

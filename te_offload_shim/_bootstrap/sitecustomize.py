@@ -1,0 +1,46 @@
+"""`te-offload-shim run` puts this folder first on PYTHONPATH, so every Python process started
+below it (torchrun ranks, a Ray cluster started by `ray.init()`, multiprocessing spawn children)
+imports this module at start-up: it activates the shim, then runs the sitecustomize it shadows.
+
+Only one module named `sitecustomize` is ever imported, and Debian's Python (and many images)
+ship one, so the one further down sys.path must still run, exactly as if we were not here.
+"""
+
+import os
+import sys
+
+_HERE = os.path.normcase(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _activate() -> None:
+    if os.environ.get("TE_OFFLOAD_SHIM", "").strip().lower() in ("0", "false", "no", "off"):
+        return
+    try:
+        __import__("te_offload_shim")  # importing installs it
+    except ImportError:
+        # This interpreter lacks the package (say, a system python run with our PYTHONPATH):
+        # use the copy this folder belongs to, appended last so that it shadows nothing.
+        sys.path.append(os.path.dirname(os.path.dirname(_HERE)))
+        try:
+            __import__("te_offload_shim")
+        except Exception:
+            pass
+    except Exception:  # the shim must never stop an interpreter from starting
+        pass
+
+
+def _chain() -> None:
+    ours = sys.modules.pop("sitecustomize", None)
+    # Our folder leaves sys.path (it holds nothing else); PYTHONPATH keeps it for the children.
+    sys.path[:] = [p for p in sys.path if os.path.normcase(os.path.abspath(p or os.curdir)) != _HERE]
+    try:
+        import sitecustomize  # noqa: F401  (the next one; its errors reach site.py as usual)
+    except ImportError as exc:
+        if exc.name != "sitecustomize":
+            raise
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours
+
+
+_activate()
+_chain()

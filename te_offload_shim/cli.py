@@ -1,0 +1,247 @@
+"""`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, startup-file.
+
+Importing this module imports the package, which installs the shim in the CLI's own process; that
+is what lets `status --import` report what a real process would get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from . import _activation, _config
+
+
+def _enable(args: argparse.Namespace) -> int:
+    what, path = _activation.enable(args.site)
+    print(f"te-offload-shim: {what}: {path}")
+    if what != "already enabled" and not args.site:
+        print("te-offload-shim: every Python process of this interpreter now activates the shim at start-up")
+    return 0
+
+
+def _disable(args: argparse.Namespace) -> int:
+    what, path = _activation.disable(args.site)
+    print(f"te-offload-shim: {what}: {path}")
+    for other in _activation.pth_files():
+        if other["path"] != path:
+            print(f"te-offload-shim: still enabled by {other['path']}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        print("te-offload-shim run: no command given (usage: te-offload-shim run -- CMD [ARGS...])", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    previous = env.get("PYTHONPATH", "")
+    bootstrap = _activation.BOOTSTRAP_DIR
+    if bootstrap not in previous.split(os.pathsep):
+        # Prepended, the user's entries kept as they were (an empty PYTHONPATH stays without a
+        # trailing separator: an empty entry would put the current directory on sys.path).
+        env["PYTHONPATH"] = bootstrap + (os.pathsep + previous if previous else "")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], command, env)  # the command gets our pid, signals and exit status
+    except OSError as exc:
+        print(f"te-offload-shim run: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
+        return 127
+    return 0  # pragma: no cover - execvpe does not return
+
+
+def _import_targets(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Import each present target module, so that the shim patches it in this process."""
+    import importlib
+
+    errors: dict[str, str] = {}
+    for row in rows:
+        module = row["target"].partition(":")[0]
+        if not row["present"] or module in errors:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            errors[module] = f"{type(exc).__name__}: {exc}"
+    return errors
+
+
+def collect(do_import: bool = False) -> dict[str, Any]:
+    """Everything `status` reports, and whether it is healthy (with the reasons when not)."""
+    import te_offload_shim
+
+    from . import _versions
+
+    enabled = _config.enabled()
+    disabled = _config.disabled_targets()
+    targets = te_offload_shim.all_targets()
+    rows = [_versions.target_row(t, disabled, enabled) for t in targets]
+    import_errors = _import_targets(rows) if do_import else {}
+    if do_import:
+        live = {r["name"]: r for r in te_offload_shim.status()["targets"]}
+        for row in rows:
+            module = row["target"].partition(":")[0]
+            row["imported"] = live[row["name"]]["imported"]
+            row["state"] = live[row["name"]]["state"]
+            row["layers"] = live[row["name"]]["layers"]
+            row["import_error"] = import_errors.get(module)
+    shim = te_offload_shim.status()
+    found = _versions.versions()
+    report: dict[str, Any] = {
+        "shim": {
+            "version": te_offload_shim.__version__,
+            "path": os.path.dirname(os.path.abspath(te_offload_shim.__file__)),
+            "enabled": enabled,
+            "installed_here": shim["installed"],
+            "strict": _config.strict(),
+        },
+        "python": {"version": found["python"], "executable": sys.executable},
+        "versions": found,
+        "targets": rows,
+        "routes": _activation.routes(),
+        "switches": {name: os.environ[name] for name in _config.ALL_SWITCHES if name in os.environ},
+        "user_target_problems": shim["user_target_problems"],
+        "hook_errors": shim["hook_errors"],
+        "imported": do_import,
+    }
+    problems, warnings = _assess(report)
+    report["healthy"] = not problems
+    report["problems"] = problems
+    report["warnings"] = warnings
+    return report
+
+
+def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
+    from . import _versions
+
+    problems: list[str] = []
+    warnings: list[str] = []
+    if not report["shim"]["enabled"]:
+        problems.append(f"the shim is switched off ({_config.ENABLE}={os.environ.get(_config.ENABLE)})")
+    if not _versions.wrapt_ok(report["versions"]["wrapt"]):
+        wanted = ".".join(map(str, _versions.WRAPT_MIN))
+        problems.append(f"wrapt >= {wanted} is needed to patch, found {report['versions']['wrapt']}")
+    problems.extend(f"{_config.TARGETS}: {p}" for p in report["user_target_problems"])
+    problems.extend(f"patching failed: {e}" for e in report["hook_errors"])
+    for row in report["targets"]:
+        state = row.get("state") or ""
+        if state.startswith("error"):
+            problems.append(f"{row['name']}: {state}")
+        if row.get("layers", 0) > 1:
+            problems.append(f"{row['name']}: {row['layers']} shim wrappers stacked on {row['target']}")
+        if row.get("import_error"):
+            warnings.append(f"{row['name']}: import failed: {row['import_error']}")
+        if report["imported"] and row["would_be_patched"] and row.get("imported") and state != "patched":
+            warnings.append(f"{row['name']}: expected to be patched, state is {state!r}")
+    routes = report["routes"]
+    if report["shim"]["enabled"] and not (
+        routes["pth"]
+        or routes["sitecustomize_bootstrap"]
+        or routes["verl_external_modules"]
+        or routes["pythonstartup"]
+        or routes["ray_worker_setup_hook"]
+    ):
+        warnings.append(
+            "no activation route in force here: the shim is active only where code imports te_offload_shim "
+            "or a Ray job gets its setup hook (see `te-offload-shim enable` / `run`)"
+        )
+    stale = [p["path"] for p in routes["pth"] if not p["current"]]
+    if stale:
+        warnings.append(f"outdated .pth line (re-run `te-offload-shim enable`): {', '.join(stale)}")
+    return problems, warnings
+
+
+def _yes(value: object) -> str:
+    return {True: "yes", False: "no", None: "unknown"}.get(value, str(value))  # type: ignore[call-overload]
+
+
+def _print_report(report: dict[str, Any]) -> None:
+    shim = report["shim"]
+    print(f"te-offload-shim {shim['version']} ({shim['path']})")
+    print(f"  enabled: {_yes(shim['enabled'])}   strict: {_yes(shim['strict'])}")
+    print(f"  python {report['python']['version']} ({report['python']['executable']})")
+    print("versions:")
+    for name, value in report["versions"].items():
+        if name != "python":
+            print(f"  {name:<20} {value or '-'}")
+    print("targets:")
+    for row in report["targets"]:
+        line = (
+            f"  {row['name']:<12} present={_yes(row['present'])} version={row['version'] or '-'} "
+            f"fixed_upstream={_yes(row['fixed_upstream'])} would_be_patched={_yes(row['would_be_patched'])} "
+            f"disabled={_yes(row['disabled'])}"
+        )
+        if report["imported"]:
+            line += f" state={row['state']!r} layers={row['layers']}"
+        print(line)
+    routes = report["routes"]
+    print("activation routes:")
+    pth = ", ".join(p["path"] + ("" if p["current"] else " (outdated)") for p in routes["pth"])
+    print(f"  .pth:                      {pth or 'no'}")
+    print(f"  sitecustomize bootstrap:   {_yes(routes['sitecustomize_bootstrap'])}")
+    print(f"  VERL_USE_EXTERNAL_MODULES: {_yes(routes['verl_external_modules'])}")
+    print(f"  PYTHONSTARTUP:             {_yes(routes['pythonstartup'])}")
+    print(f"  Ray worker setup hook:     {_yes(routes['ray_worker_setup_hook'])} (in this process)")
+    print(f"  ray.init setup hook:       {routes['ray_init_propagation']}")
+    switches = ", ".join(f"{k}={v}" for k, v in report["switches"].items())
+    print(f"  switches:                  {switches or 'none set'}")
+    for warning in report["warnings"]:
+        print(f"warning: {warning}")
+    print("healthy" if report["healthy"] else "UNHEALTHY: " + "; ".join(report["problems"]))
+
+
+def _status(args: argparse.Namespace) -> int:
+    report = collect(do_import=args.do_import)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=False))
+    else:
+        _print_report(report)
+    if not report["healthy"]:
+        print(f"te-offload-shim: unhealthy: {report['problems'][0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _startup_file(args: argparse.Namespace) -> int:
+    print(_activation.STARTUP_FILE)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="te-offload-shim", description="Activate te_offload_shim in every Python process, and check it."
+    )
+    sub = parser.add_subparsers(dest="command_name", required=True)
+    p = sub.add_parser("enable", help="write te_offload_shim.pth into site-packages (every start activates)")
+    p.add_argument("--site", metavar="DIR", help="this directory instead of the interpreter's site-packages")
+    p.set_defaults(func=_enable)
+    p = sub.add_parser("disable", help="remove te_offload_shim.pth")
+    p.add_argument("--site", metavar="DIR", help="this directory instead of the interpreter's site-packages")
+    p.set_defaults(func=_disable)
+    p = sub.add_parser("run", help="run CMD with the shim active in it and every Python process below it")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    p.set_defaults(func=_run)
+    p = sub.add_parser("status", help="versions, targets, activation routes; exit 1 when unhealthy")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--import", dest="do_import", action="store_true", help="import the targets here and report what got patched"
+    )
+    p.set_defaults(func=_status)
+    p = sub.add_parser("startup-file", help="print the path of the PYTHONSTARTUP file (interactive sessions only)")
+    p.set_defaults(func=_startup_file)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""The benchmarks run and measure what they claim, in tiny configurations (`--quick`, `--dry-run`).
+
+No timing is asserted: figures belong in BENCHMARKS.md. These check structure and sanity: both
+sides of each comparison did the same work, without the shim the caches stay, with it none is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import _common  # noqa: E402
+import gpu_memory  # noqa: E402
+
+
+def _run(script: str, *args: str, timeout: int = 240, **extra_env: str) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
+    env.update(extra_env)
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
+    result = _common.parse_result(proc.stdout)
+    assert proc.returncode == 0 and result is not None, (
+        f"{script} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
+    return result, proc.stdout
+
+
+def _verl(version: str) -> None:
+    if not (REPO / ".deps" / f"verl-{version}" / "verl").is_dir():
+        pytest.skip(f"verl {version} not installed (scripts/setup-env.sh)")
+
+
+def test_ab_alternates_prepares_and_takes_medians() -> None:
+    calls: list[str] = []
+    figures = _common.ab(
+        lambda: calls.append("ours"),
+        lambda: calls.append("reference"),
+        repeats=4,
+        prepare=lambda: calls.append("prepare"),
+    )
+    assert calls[:6] == ["prepare", "ours", "prepare", "reference", "prepare", "reference"]
+    assert calls.count("ours") == calls.count("reference") == 4 and calls.count("prepare") == 8
+    assert figures["repeats"] == 4 and len(figures["ours_samples_s"]) == 4
+    assert figures["ratio"] == pytest.approx(figures["ours_s"] / figures["reference_s"])
+
+
+def test_walk_both_sides_clear_the_same_tree() -> None:
+    _verl("0.9.1")
+    result, stdout = _run("walk.py", "--quick")
+    assert len(result["cases"]) == 2 and len(result["rows"]) == 4
+    for case in result["cases"]:
+        assert case["modules"] >= 400 and case["te_modules"] > 0
+        assert case["entries"] > 0 and case["bytes_accounted"] > 0
+        # every timed call of either side cleared every entry (walk.py also checks none was left)
+        assert case["cleared"] == {"ours": [case["entries"]], "reference": [case["entries"]]}
+        assert case["ours_s"] > 0 and case["reference_s"] > 0 and case["walk_only"]["ours_s"] > 0
+    assert "clearing walk" in stdout and "ratio" in stdout
+
+
+def test_offload_overhead_same_offload_work_except_clearing() -> None:
+    _verl("0.8.0")
+    result, _ = _run("offload_overhead.py", "--quick")
+    entries = result["cache_entries"]
+    assert entries > 0 and result["cache_bytes"] > 0
+    assert result["entries_left"] == {"ours": [0], "reference": [entries]}
+    assert result["shim_stats"]["entries"] >= entries * result["repeats"]
+    assert result["shim_alone_ms"] > 0 and 0 < result["shim_alone_share"] < 1
+    assert [r["benchmark"] for r in result["rows"]] == ["per-offload", "per-offload"]
+
+
+def test_gpu_memory_dry_run(tmp_path: Path) -> None:
+    _verl("0.8.0")
+    out = tmp_path / "gpu.json"
+    # with the ray stub, as on the GPU machine (which carries no ray wheel)
+    result, stdout = _run("gpu_memory.py", "--dry-run", "--json", str(out), GPU_MEMORY_STUB_RAY="1")
+    assert result["ok"] and result["dry_run"] and json.loads(out.read_text())["ok"]
+    without, with_ = result["cases"]["without"], result["cases"]["with"]
+    assert without["shim_layers"] == 0 and with_["shim_layers"] == 1
+    assert without["caches_before"]["entries"] > 0 and without["caches_before"]["bytes"] > 0
+    assert without["caches_after"] == without["caches_before"], "without the shim the caches remain"
+    assert with_["caches_after"] == {"entries": 0, "bytes": 0}, "with the shim none is left"
+    assert without["params_offloaded"] and with_["params_offloaded"]
+    assert without["ray"] == with_["ray"] == "stub"
+    assert without["after"]["allocated"] is None  # memory figures are n/a on CPU
+    assert "stand-ins" in without["caches_made_with"] and "as expected" in stdout
+
+
+def _case(entries_after: int, alloc_after: int | None, free_after: int | None, layers: int) -> dict:
+    mem = {"allocated": alloc_after, "reserved": alloc_after, "free": free_after, "total": None}
+    return {
+        "shim_layers": layers,
+        "params_offloaded": True,
+        "caches_before": {"entries": 9, "bytes": 1000},
+        "caches_after": {"entries": entries_after, "bytes": 1000 if entries_after else 0},
+        "before": mem,
+        "after": mem,
+    }
+
+
+def test_gpu_memory_verdict_flags_caches_that_stay() -> None:
+    good = {"without": _case(9, 1100, 5000, 0), "with": _case(0, 100, 6000, 1)}
+    assert gpu_memory.verdict(good) == (True, [])
+    still_cached = {"without": _case(9, 1100, 5000, 0), "with": _case(9, 1100, 5000, 1)}
+    ok, problems = gpu_memory.verdict(still_cached)
+    assert not ok and len(problems) == 3  # entries left, allocated not lower, driver got nothing back
+    not_freed = {"without": _case(9, 1100, 5000, 0), "with": _case(0, 1100, 5000, 1)}
+    assert not gpu_memory.verdict(not_freed)[0]
+
+
+def test_run_prints_the_table_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "latest.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
+    # "gpu" alone is the cheapest subset (without CUDA it is one "not available" row)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "run.py"), "--quick", "--only", "gpu", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["results"]) == {"gpu"} and result["machine"]["cpus"]
+    assert result["rows"] and all(r["benchmark"] == "gpu memory" for r in result["rows"])
+    header = proc.stdout.splitlines()[1].split()
+    assert header[:6] == ["benchmark", "case", "ours", "reference", "unit", "ratio"]
+
+
+def test_table_puts_ours_reference_and_ratio_side_by_side() -> None:
+    rows = [_common.row("walk", "10 modules", {"ours_s": 0.001, "reference_s": 0.004, "ratio": 0.25, "repeats": 3})]
+    text = _common.table(rows).splitlines()
+    assert text[2].split()[:6] == ["walk", "10", "modules", "1.000", "4.000", "ms"]
+    assert "0.250" in text[2]
+    assert _common.table(rows, markdown=True).startswith("| benchmark | case | ours | reference |")
+
+
+def test_startup_output_is_read_into_rows() -> None:
+    import run
+
+    text = (
+        "python 3.11.7, 40 interleaved runs each, medians (ms)\n"
+        "case                                     median    added     goal\n"
+        "python -c pass (no .pth)                  20.00 \n"
+        "python -c pass (.pth enabled)             21.00    +1.00       <1.0\n"
+        "python -c 'import te_offload_shim'        22.50    +2.50       <1.0\n"
+    )
+    rows = run._parse_startup(text)["rows"]
+    assert [(r["ours"], r["reference"]) for r in rows] == [(21.0, 20.0), (22.5, 20.0)]
+    assert rows[1]["ratio"] == pytest.approx(1.125)
+    assert run._parse_startup("something else") is None
