@@ -135,17 +135,15 @@ def installed() -> "bool":
 def status() -> "dict[str, Any]":
     """What this process has: switches, and for each target whether it is imported and patched."""
     patch = sys.modules.get(f"{__name__}._patch")
-    disabled = _config.disabled_targets()
     rows = []
     for target in all_targets():
         imported = target.module in sys.modules
         state = patch.state(target.name) if patch is not None else None
         if state is None:
-            state = (
-                "disabled"
-                if ("*" in disabled or target.name in disabled)
-                else ("pending" if _installed else "not installed")
-            )
+            if _config.is_disabled(target.name):
+                state = "disabled"
+            else:
+                state = "pending" if _installed else "not installed"
         rows.append(
             {
                 "name": target.name,

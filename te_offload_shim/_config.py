@@ -48,8 +48,10 @@ def disabled_targets() -> "frozenset[str]":
 
 
 def is_disabled(name: "str") -> "bool":
+    """A name also switches off its variants: `nemo-rl` covers `nemo-rl-0.5` and `nemo-rl-0.3`,
+    `areal` covers `areal-awex`, `roll` covers `roll-train`."""
     off = disabled_targets()
-    return "*" in off or name in off
+    return "*" in off or name in off or any(name.startswith(f"{d}-") for d in off)
 
 
 def user_targets() -> "str":

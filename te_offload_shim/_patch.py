@@ -129,6 +129,19 @@ def _rebind(old: Any, new: Any) -> list[tuple[str, str]]:
     return rebound
 
 
+def _where_problem(target: Target, signature: inspect.Signature, is_method: bool) -> str | None:
+    """A `where` that names no parameter would patch fine and never clear: say so instead."""
+    root = target.where.root
+    names = list(signature.parameters)
+    if root.startswith("arg") and root[3:].isdigit():
+        positional = names[1:] if is_method else names
+        if int(root[3:]) < len(positional):
+            return None
+    elif root in signature.parameters:
+        return None
+    return f"models spec {target.where.text or root!r} names no parameter of {target.attribute}{signature}"
+
+
 def apply(target: Target, module: ModuleType) -> str:
     """Patch `target` in the freshly imported `module`; returns the state recorded for it."""
     with _lock:
@@ -157,6 +170,9 @@ def _apply(target: Target, module: ModuleType) -> str:
         return f"error: {target.attribute} is a {type(current).__name__}, not callable"
     is_method = isinstance(owner, type)
     signature = inspect.signature(current)
+    problem = _where_problem(target, signature, is_method)
+    if problem:
+        return f"error: {problem}"
     handler = make_handler(target, signature, is_method)
     qualname = f"{owner.__qualname__}.{name}" if is_method else name
     origin_module = owner.__module__ if is_method else module.__name__

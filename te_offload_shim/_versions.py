@@ -15,6 +15,7 @@ import re
 from importlib import metadata, util
 from typing import Any
 
+from . import _config
 from .targets import Target
 
 # Distributions reported by `status`; TE ships under several names depending on the build.
@@ -109,12 +110,12 @@ def wrapt_ok(found: str | None) -> bool:
     return found is not None and parse(found) >= WRAPT_MIN
 
 
-def target_row(target: Target, disabled: frozenset[str], enabled: bool) -> dict[str, Any]:
+def target_row(target: Target, enabled: bool) -> dict[str, Any]:
     """What we can tell about one target without importing it."""
     dist_version = version(target.distribution) if target.distribution else None
     present = module_present(target.module)
     fixed, basis = fixed_upstream(target, dist_version) if present else (None, "not present")
-    is_disabled = "*" in disabled or target.name in disabled
+    is_disabled = _config.is_disabled(target.name)
     return {
         "name": target.name,
         "target": target.path,

@@ -79,9 +79,8 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     from . import _versions
 
     enabled = _config.enabled()
-    disabled = _config.disabled_targets()
     targets = te_offload_shim.all_targets()
-    rows = [_versions.target_row(t, disabled, enabled) for t in targets]
+    rows = [_versions.target_row(t, enabled) for t in targets]
     import_errors = _import_targets(rows) if do_import else {}
     if do_import:
         live = {r["name"]: r for r in te_offload_shim.status()["targets"]}

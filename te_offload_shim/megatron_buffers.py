@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 _owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
+_orphans: weakref.WeakSet[Any] = weakref.WeakSet()
 _lock = threading.Lock()
 _DDP_MODULES = (
     "megatron.core.distributed.distributed_data_parallel",
@@ -54,13 +55,20 @@ def _scan() -> None:
 
 
 def owner_of(buffer: Any) -> Any:
-    """The DDP that holds `buffer`, or None."""
+    """The DDP that holds `buffer`, or None.
+
+    A buffer is built inside its DDP's `__init__`, so one that no DDP holds at its first offload
+    never will (Megatron-FSDP, a user's own): remember that, or every offload would scan again."""
     with _lock:
         ref = _owners.get(buffer)
+        if ref is None and buffer in _orphans:
+            return None
     if ref is None or ref() is None:
         _scan()
         with _lock:
             ref = _owners.get(buffer)
+            if ref is None:
+                _orphans.add(buffer)
     return ref() if ref is not None else None
 
 

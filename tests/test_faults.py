@@ -28,6 +28,9 @@ weird = _NoSignature()
 def fine(models):
     return "fine"
 
+def other(models):
+    return "other"
+
 class Engine:
     @property
     def model(self):
@@ -48,7 +51,10 @@ emit(imported=True, states={k: rows[k]["state"] for k in rows if k.startswith("f
      fine=faulty.fine("m"))
 """
 
-TARGETS = "faulty:missing,faulty:CONST,faulty:weird,faulty:fine,faulty:Engine.offload@self.model,faulty:Nope.method"
+TARGETS = (
+    "faulty:missing,faulty:CONST,faulty:weird,faulty:fine,faulty:Engine.offload@self.model,faulty:Nope.method,"
+    "faulty:other@modelz"
+)
 
 
 def _faulty(tmp_path: Path) -> dict[str, str]:
@@ -65,6 +71,7 @@ def test_hooks_that_cannot_patch_never_fail_the_import(tmp_path: Path) -> None:
         assert r["states"]["faulty:Nope.method"] == "absent"
         assert r["states"]["faulty:CONST"].startswith("error: CONST is a int")
         assert r["states"]["faulty:fine"] == "patched" and r["fine_layers"] == 1
+        assert r["states"]["faulty:other"].startswith("error: models spec 'modelz' names no parameter of other")
         assert r["weird"] == "called", "an unpatchable attribute is left exactly as it was"
         assert len(r["hook_errors"]) == 1 and "no signature for you" in r["hook_errors"][0]
         assert r["_stderr"].count("patching faulty failed") == 1
@@ -212,3 +219,32 @@ def test_concurrent_install_and_import_leave_exactly_one_wrapper(tmp_path: Path)
     )
     assert r["eight"] == 1
     assert r["races"] == [[1, 1]] * (n - 1)
+
+
+def test_a_buffer_no_ddp_holds_is_searched_for_once(monkeypatch) -> None:
+    """Megatron-FSDP or a user's own buffer: one gc scan, not one per offload."""
+    from te_offload_shim import megatron_buffers
+
+    scans = []
+    monkeypatch.setattr(megatron_buffers, "_scan", lambda: scans.append(1))
+
+    class Buffer:
+        params = ()
+
+    orphan = Buffer()
+    assert megatron_buffers.modules_of_buffer(orphan) == (None, [])
+    assert megatron_buffers.modules_of_buffer(orphan) == (None, [])
+    assert len(scans) == 1
+    assert megatron_buffers.modules_of_buffer(Buffer()) == (None, []) and len(scans) == 2
+
+
+def test_disabling_a_framework_covers_its_variants(monkeypatch) -> None:
+    from te_offload_shim import _config
+
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_DISABLE", "nemo-rl, areal")
+    off = [
+        n
+        for n in ("nemo-rl", "nemo-rl-0.5", "nemo-rl-0.3", "areal", "areal-awex", "roll", "verl")
+        if _config.is_disabled(n)
+    ]
+    assert off == ["nemo-rl", "nemo-rl-0.5", "nemo-rl-0.3", "areal", "areal-awex"]
