@@ -11,11 +11,9 @@ JSON to benchmarks/results/latest.json (git-ignored; BENCHMARKS.md carries the p
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -53,68 +51,7 @@ def _not_available(benchmark: str, why: str) -> dict[str, Any]:
 
 
 def startup(quick: bool) -> dict[str, Any]:
-    """benchmarks/startup.py is written by another engineer: call its `run(quick=...)` if it has one
-    returning rows, otherwise run it as a script and read its printed medians (it parses its own
-    argv, so its `main()` is never called in this process)."""
-    path = HERE / "startup.py"
-    if not path.exists():
-        return _not_available("start-up", "benchmarks/startup.py is not in this tree")
-    spec = importlib.util.spec_from_file_location("_bench_startup", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    if callable(getattr(module, "run", None)):
-        result = module.run(quick=quick)
-        if isinstance(result, dict) and "rows" in result:
-            return result
-    env = quiet_env()
-    proc = subprocess.run(
-        [sys.executable, str(path), *(["--runs", "5"] if quick else [])],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=900,
-    )
-    parsed = _parse_startup(proc.stdout) if proc.returncode == 0 else None
-    if parsed is None:
-        return _not_available("start-up", f"startup.py exited {proc.returncode}; output not understood")
-    return parsed
-
-
-_MEDIAN = re.compile(r"^(python -c .*?)\s+(\d+\.\d+)(?:\s|$)")
-
-
-def _parse_startup(stdout: str) -> dict[str, Any] | None:
-    """Rows from startup.py's printed table: each case's median (ms) against `python -c pass`
-    without the .pth, measured interleaved in the same run."""
-    medians = {m.group(1): float(m.group(2)) for line in stdout.splitlines() if (m := _MEDIAN.match(line.strip()))}
-    base = medians.get("python -c pass (no .pth)")
-    on = medians.get("python -c pass (.pth enabled)")
-    imported = next((v for k, v in medians.items() if "import te_offload_shim" in k), None)
-    if base is None or on is None or imported is None:
-        return None
-    extra = " ".join(line.strip() for line in stdout.splitlines() if line.startswith(("-X importtime", "of which")))
-    rows = [
-        {
-            "benchmark": "start-up",
-            "case": "interpreter start, .pth active",
-            "unit": "ms",
-            "ours": on,
-            "reference": base,
-            "ratio": on / base,
-            "note": f"python -c pass with the shim's .pth vs without; added {on - base:+.2f} ms",
-        },
-        {
-            "benchmark": "start-up",
-            "case": "import te_offload_shim",
-            "unit": "ms",
-            "ours": imported,
-            "reference": base,
-            "ratio": imported / base,
-            "note": f"python -c 'import te_offload_shim' vs python -c pass; added {imported - base:+.2f} ms. {extra}",
-        },
-    ]
-    return {"rows": rows, "stdout": stdout}
+    return _script("startup.py", ["--runs", "5"] if quick else [])
 
 
 def gpu(quick: bool) -> dict[str, Any]:

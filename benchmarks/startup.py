@@ -26,6 +26,9 @@ sys.path.insert(0, str(REPO))
 
 from te_offload_shim import _activation  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit  # noqa: E402
+
 GOAL_MS = 1.0
 
 
@@ -99,6 +102,31 @@ def main() -> None:
     foreign = [m for m in added if m != "te_offload_shim" and not m.startswith("te_offload_shim.")]
     print(f"modules added at start-up by the .pth: {', '.join(added)}")
     print(f"of which outside te_offload_shim: {', '.join(foreign) or 'none'}")
+    on, imported = med["python -c pass (.pth enabled)"], med["python -c 'import te_offload_shim'"]
+    common = {"benchmark": "start-up", "unit": "ms", "reference": base, "repeats": args.runs}
+    emit(
+        {
+            "benchmark": "startup",
+            "rows": [
+                {
+                    **common,
+                    "case": "interpreter start, .pth active",
+                    "ours": on,
+                    "ratio": on / base,
+                    "note": f"python -c pass with the shim's .pth vs without; added {on - base:+.2f} ms",
+                },
+                {
+                    **common,
+                    "case": "import te_offload_shim",
+                    "ours": imported,
+                    "ratio": imported / base,
+                    "note": f"python -c 'import te_offload_shim' vs python -c pass; added {imported - base:+.2f} ms; "
+                    f"-X importtime {imp / 1e3:.2f} ms; modules outside the package: {', '.join(foreign) or 'none'}",
+                },
+            ],
+            "modules_added": added,
+        }
+    )
 
 
 if __name__ == "__main__":
