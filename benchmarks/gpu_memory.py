@@ -38,19 +38,6 @@ SIZES = {"full": {"layers": 4, "hidden": 2048}, "dry": {"layers": 2, "hidden": 6
 # --- one case, in its own interpreter -----------------------------------------------------------
 
 
-def _memory(torch: Any, on_gpu: bool) -> dict[str, int | None]:
-    if not on_gpu:
-        return {"allocated": None, "reserved": None, "free": None, "total": None}
-    torch.cuda.synchronize()
-    free, total = torch.cuda.mem_get_info()
-    return {
-        "allocated": torch.cuda.memory_allocated(),
-        "reserved": torch.cuda.memory_reserved(),
-        "free": free,
-        "total": total,
-    }
-
-
 def _te_caches(layers: int, hidden: int) -> tuple[Any, str]:
     """A GPTModel with TE's layer spec and FP8 on, one forward so TE fills its workspaces."""
     import torch
@@ -137,9 +124,9 @@ def case(name: str, layers: int, hidden: int, dry_run: bool) -> dict[str, Any]:
 
     wrapped = shim_layers(mu.offload_megatron_model_to_cpu)
     caches_before = _cache_state(model)
-    before = _memory(torch, on_gpu)
+    before = w.device_memory()
     mu.offload_megatron_model_to_cpu([model])  # verl's own gc.collect() + empty_cache() inside
-    after = _memory(torch, on_gpu)
+    after = w.device_memory()
     caches_after = _cache_state(model)
     offloaded = all(b.param_data.untyped_storage().size() == 0 for b in model.buffers)
     return {

@@ -26,7 +26,6 @@ GIB = 1024**3
 def one_case(shim: bool, layers: int, hidden: int) -> dict:
     if shim:
         import te_offload_shim  # noqa: F401  - what a user adds: the whole fix
-    import torch
 
     from harness import megatron_world as w
 
@@ -34,23 +33,11 @@ def one_case(shim: bool, layers: int, hidden: int) -> dict:
     w.attach_fp8_caches(model)
     cuda = w.on_gpu()
 
-    def memory() -> dict:
-        if not cuda:
-            return {}
-        torch.cuda.synchronize()
-        free, total = torch.cuda.mem_get_info()
-        return {
-            "allocated": torch.cuda.memory_allocated(),
-            "reserved": torch.cuda.memory_reserved(),
-            "free": free,
-            "total": total,
-        }
-
-    before = {"caches": w.cache_state([model]), **memory()}
+    before = {"caches": w.cache_state([model]), **w.device_memory()}
     from verl.workers.engine.megatron import transformer_impl  # verl's caller, as verl imports it
 
     transformer_impl.offload_megatron_model_to_cpu([model])
-    after = {"caches": w.cache_state([model]), **memory()}
+    after = {"caches": w.cache_state([model]), **w.device_memory()}
     return {"shim": shim, "device": "cuda" if cuda else "cpu", "before": before, "after": after}
 
 

@@ -98,6 +98,20 @@ def wrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
     return DistributedDataParallel(model.config, ddp_config, model)
 
 
+def device_memory() -> dict[str, int | None]:
+    """Allocated and reserved (PyTorch's allocator), free and total (the driver): None on CPU."""
+    if not on_gpu():
+        return {"allocated": None, "reserved": None, "free": None, "total": None}
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "allocated": torch.cuda.memory_allocated(),
+        "reserved": torch.cuda.memory_reserved(),
+        "free": free,
+        "total": total,
+    }
+
+
 def linear_layers(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     """The layers TE would replace (megatron's Column/RowParallelLinear in the local spec)."""
     return [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("ParallelLinear")]
