@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from .targets import Target, Where
 
+_RAY_TRACE_CTX = "_ray_trace_ctx"
 _lock = threading.Lock()
 _inside = threading.local()
 _totals: dict[str, Any] = {
@@ -110,6 +111,9 @@ def _act(
     target: Target, signature: inspect.Signature, is_method: bool, instance: Any, args: tuple, kwargs: dict
 ) -> None:
     full_args = (instance, *args) if is_method and instance is not None else args
+    if _RAY_TRACE_CTX in kwargs and _RAY_TRACE_CTX not in signature.parameters:
+        # With Ray tracing on, actor methods get this keyword through Ray's tracing closure.
+        kwargs = {k: v for k, v in kwargs.items() if k != _RAY_TRACE_CTX}
     call = _bind(signature, full_args, kwargs)
     if call is None:
         return

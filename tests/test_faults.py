@@ -248,3 +248,32 @@ def test_disabling_a_framework_covers_its_variants(monkeypatch) -> None:
         if _config.is_disabled(n)
     ]
     assert off == ["nemo-rl", "nemo-rl-0.5", "nemo-rl-0.3", "areal", "areal-awex"]
+
+
+def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
+    """Ray's tracing closure passes `_ray_trace_ctx` to actor methods; the original's signature has
+    no such parameter, so binding must look past it."""
+    import inspect
+
+    import torch
+
+    from harness import te_standins as te
+    from te_offload_shim._offload import make_handler
+    from te_offload_shim.targets import Target
+
+    class Actor:
+        def __init__(self) -> None:
+            layer = te.TELinearStandIn(4, 4)
+            te.fill_like_forward(layer)
+            self.model = torch.nn.Sequential(layer)
+
+        def sleep(self) -> str:
+            return "slept"
+
+    target = Target("tracing", __name__, "Actor.sleep", "self.model")
+    handler = make_handler(target, inspect.signature(Actor.sleep), True)
+    actor = Actor()
+    seen = []
+    result = handler(lambda **kw: seen.append(kw) or "slept", actor, (), {"_ray_trace_ctx": {"t": 1}})
+    assert result == "slept" and seen == [{"_ray_trace_ctx": {"t": 1}}], "the original still gets the keyword"
+    assert actor.model[0]._fp8_workspaces == {}
