@@ -69,7 +69,7 @@ def shim_layers(obj: object) -> int:
 class Patch:
     """One applied patch: enough to undo it exactly."""
 
-    __slots__ = ("aliases", "name", "original", "owner", "target", "wrapper")
+    __slots__ = ("name", "original", "owner", "target", "wrapper")
 
     def __init__(self, target: Target, owner: Any, name: str, original: Any, wrapper: Any) -> None:
         self.target = target
@@ -77,7 +77,6 @@ class Patch:
         self.name = name
         self.original = original
         self.wrapper = wrapper
-        self.aliases: list[tuple[str, str]] = []
 
 
 _patches: dict[str, list[Patch]] = {}
@@ -112,21 +111,18 @@ def _owner(module: ModuleType, attribute: str) -> tuple[Any, str] | None:
     return None
 
 
-def _rebind(old: Any, new: Any) -> list[tuple[str, str]]:
+def _rebind(old: Any, new: Any) -> None:
     """Point every module global that holds `old` at `new`.
 
     Patching: `from X import f` made before the patch holds the original. Unpatching: one made
     after it holds the wrapper, whether or not we ever saw that module."""
-    rebound = []
-    for mod_name, mod in list(sys.modules.items()):
+    for mod in list(sys.modules.values()):
         d = getattr(mod, "__dict__", None)
         if not isinstance(mod, ModuleType) or not isinstance(d, dict):
             continue
         for key, value in list(d.items()):
             if value is old:
                 d[key] = new
-                rebound.append((mod_name, key))
-    return rebound
 
 
 def _where_problem(target: Target, signature: inspect.Signature, is_method: bool) -> str | None:
@@ -180,7 +176,7 @@ def _apply(target: Target, module: ModuleType) -> str:
     patch = Patch(target, owner, name, current, wrapper)
     setattr(owner, name, wrapper)
     if not is_method:
-        patch.aliases = _rebind(current, wrapper)
+        _rebind(current, wrapper)
     _patches.setdefault(target.name, []).append(patch)
     return "patched"
 

@@ -148,8 +148,3 @@ def unwatch_all() -> "None":
     with _lock:
         _callbacks.clear()
         sys.meta_path[:] = [f for f in sys.meta_path if f is not _finder]
-
-
-def watched() -> "list[str]":
-    with _lock:
-        return sorted(_callbacks)
