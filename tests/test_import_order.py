@@ -153,3 +153,55 @@ def test_wrapt_in_use_is_the_one_ci_asked_for() -> None:
         assert r["version"].split(".")[0] == expected
     else:
         assert int(r["version"].split(".")[0]) >= 1
+
+
+METHOD_CASE = """
+import importlib, sys
+from harness import megatron_world as w
+steps = STEPS
+original = None
+for step in steps:
+    if step == "import":
+        pgb = importlib.import_module("megatron.core.distributed.param_and_grad_buffer")
+        if original is None and "te_offload_shim" not in sys.modules:
+            original = vars(pgb._ParamAndGradBuffer)["offload_to_cpu"]
+    elif step == "patch":
+        if "te_offload_shim" in sys.modules:
+            sys.modules["te_offload_shim"].install()
+        else:
+            import te_offload_shim
+    elif step == "unpatch":
+        sys.modules["te_offload_shim"].uninstall()
+
+import te_offload_shim
+from te_offload_shim._patch import shim_layers
+from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
+model = w.wrap_ddp(w.build_gpt(layers=1, hidden=32, vocab=64))
+w.attach_fp8_caches(model)
+for buffer in model.buffers:
+    buffer.offload_to_cpu()
+current = vars(_ParamAndGradBuffer)["offload_to_cpu"]
+emit(layers=shim_layers(current), is_original=original is not None and current is original,
+     left=w.cache_state([model])["entries"], installed=te_offload_shim.installed())
+"""
+
+METHOD_MATRIX = {
+    "import-patch": True,
+    "patch-import": True,
+    "patch-patch-import": True,
+    "patch-unpatch-import": False,
+    "import-patch-unpatch": False,
+    "import-patch-unpatch-patch": True,
+}
+
+
+@pytest.mark.parametrize("order", list(METHOD_MATRIX))
+def test_import_order_of_a_method_target(order: str) -> None:
+    """The same orderings for a `Class.method` target: megatron-core's own buffer offload."""
+    steps = order.split("-")
+    r = run_py(METHOD_CASE.replace("STEPS", repr(steps)))
+    active = METHOD_MATRIX[order]
+    assert r["installed"] is active and r["layers"] == int(active)
+    assert (r["left"] == 0) is active, "cleared exactly when installed"
+    if not active and steps[0] == "import":
+        assert r["is_original"], "uninstall must put the very original method back on the class"
