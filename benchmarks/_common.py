@@ -103,6 +103,17 @@ def row(benchmark: str, case: str, figures: dict[str, Any], unit: str = "ms", **
     return out
 
 
+def main(run: Callable[[bool], dict[str, Any]], doc: str, quick_help: str, argv: list[str] | None = None) -> None:
+    """The command line every table benchmark shares: `--quick`, print the table, emit the result."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    result = run(parser.parse_args(argv).quick)
+    print(table(result["rows"]))
+    emit(result)
+
+
 def emit(result: dict[str, Any]) -> None:
     """The machine-readable line run.py reads from a benchmark's stdout."""
     print(RESULT_PREFIX + json.dumps(result), flush=True)

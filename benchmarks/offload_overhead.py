@@ -16,13 +16,12 @@ the shim's share printed here is an upper bound of its share on a GPU.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ab, emit, row, table, use_repo
+from _common import ab, main, row, use_repo
 
 use_repo(verl="0.8.0")
 
@@ -125,14 +124,5 @@ def run(quick: bool = False) -> dict[str, Any]:
     return {"benchmark": "offload_overhead", "quick": quick, "rows": rows, **m}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model, few repeats (tests)")
-    args = parser.parse_args(argv)
-    result = run(args.quick)
-    print(table(result["rows"]))
-    emit(result)
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__, "a tiny model, few repeats (tests)")

@@ -22,13 +22,12 @@ entries per module, the density of verl issue #6953 (2,148 entries cleared per r
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ab, emit, row, table, use_repo
+from _common import ab, main, row, use_repo
 
 use_repo(verl="0.9.1")
 
@@ -167,14 +166,5 @@ def run(quick: bool = False) -> dict[str, Any]:
     return {"benchmark": "walk", "quick": quick, "rows": rows, "cases": cases}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny trees, few repeats (tests)")
-    args = parser.parse_args(argv)
-    result = run(args.quick)
-    print(table(result["rows"]))
-    emit(result)
-
-
 if __name__ == "__main__":
-    main()
+    main(run, __doc__, "tiny trees, few repeats (tests)")

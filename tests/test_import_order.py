@@ -13,20 +13,16 @@ from __future__ import annotations
 import pytest
 from conftest import run_py
 
-CASE = """
-import importlib, sys, torch
-from harness import te_standins as te
-from harness.megatron_world import apply_cpu_quirks
-apply_cpu_quirks()
-steps = STEPS
+# Runs STEPS in order. `IMPORT` names the module the application imports; `ORIGINAL()` reads the
+# target as it is before any patch, so that uninstall can be checked to restore that very object.
+STEP_DRIVER = """
+import importlib, sys
 original = None
-
-def do(step):
-    global original
+for step in STEPS:
     if step == "import":
-        importlib.import_module("verl.workers.engine.megatron.transformer_impl")
+        importlib.import_module(IMPORT)
         if original is None and "te_offload_shim" not in sys.modules:
-            original = sys.modules["verl.utils.megatron_utils"].offload_megatron_model_to_cpu
+            original = ORIGINAL()
     elif step == "patch":
         if "te_offload_shim" in sys.modules:
             sys.modules["te_offload_shim"].install()
@@ -34,10 +30,19 @@ def do(step):
             import te_offload_shim
     elif step == "unpatch":
         sys.modules["te_offload_shim"].uninstall()
+"""
 
-for step in steps:
-    do(step)
 
+def _driver(steps: list[str], module: str, original: str) -> str:
+    return f"IMPORT = {module!r}\nORIGINAL = lambda: {original}\nSTEPS = {steps!r}\n" + STEP_DRIVER
+
+
+CASE = """
+import torch
+from harness import te_standins as te
+from harness.megatron_world import apply_cpu_quirks
+apply_cpu_quirks()
+DRIVER
 import te_offload_shim
 from te_offload_shim._patch import shim_layers
 mu = sys.modules["verl.utils.megatron_utils"]
@@ -73,7 +78,12 @@ MATRIX = {
 @pytest.mark.parametrize("order", list(MATRIX))
 def test_import_order(order: str) -> None:
     steps = order.split("-")
-    r = run_py(CASE.replace("STEPS", repr(steps)), verl="0.8.0")
+    driver = _driver(
+        steps,
+        "verl.workers.engine.megatron.transformer_impl",
+        'sys.modules["verl.utils.megatron_utils"].offload_megatron_model_to_cpu',
+    )
+    r = run_py(CASE.replace("DRIVER", driver), verl="0.8.0")
     active = MATRIX[order]
     assert r["installed"] is active
     assert r["module_layers"] == int(active) and r["caller_layers"] == int(active)
@@ -156,23 +166,8 @@ def test_wrapt_in_use_is_the_one_ci_asked_for() -> None:
 
 
 METHOD_CASE = """
-import importlib, sys
 from harness import megatron_world as w
-steps = STEPS
-original = None
-for step in steps:
-    if step == "import":
-        pgb = importlib.import_module("megatron.core.distributed.param_and_grad_buffer")
-        if original is None and "te_offload_shim" not in sys.modules:
-            original = vars(pgb._ParamAndGradBuffer)["offload_to_cpu"]
-    elif step == "patch":
-        if "te_offload_shim" in sys.modules:
-            sys.modules["te_offload_shim"].install()
-        else:
-            import te_offload_shim
-    elif step == "unpatch":
-        sys.modules["te_offload_shim"].uninstall()
-
+DRIVER
 import te_offload_shim
 from te_offload_shim._patch import shim_layers
 from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
@@ -185,22 +180,24 @@ emit(layers=shim_layers(current), is_original=original is not None and current i
      left=w.cache_state([model])["entries"], installed=te_offload_shim.installed())
 """
 
-METHOD_MATRIX = {
-    "import-patch": True,
-    "patch-import": True,
-    "patch-patch-import": True,
-    "patch-unpatch-import": False,
-    "import-patch-unpatch": False,
-    "import-patch-unpatch-patch": True,
-}
+METHOD_ORDERS = (
+    "import-patch",
+    "patch-import",
+    "patch-patch-import",
+    "patch-unpatch-import",
+    "import-patch-unpatch",
+    "import-patch-unpatch-patch",
+)
 
 
-@pytest.mark.parametrize("order", list(METHOD_MATRIX))
+@pytest.mark.parametrize("order", METHOD_ORDERS)
 def test_import_order_of_a_method_target(order: str) -> None:
     """The same orderings for a `Class.method` target: megatron-core's own buffer offload."""
     steps = order.split("-")
-    r = run_py(METHOD_CASE.replace("STEPS", repr(steps)))
-    active = METHOD_MATRIX[order]
+    pgb = "megatron.core.distributed.param_and_grad_buffer"
+    driver = _driver(steps, pgb, f'vars(sys.modules["{pgb}"]._ParamAndGradBuffer)["offload_to_cpu"]')
+    r = run_py(METHOD_CASE.replace("DRIVER", driver))
+    active = MATRIX[order]
     assert r["installed"] is active and r["layers"] == int(active)
     assert (r["left"] == 0) is active, "cleared exactly when installed"
     if not active and steps[0] == "import":
