@@ -62,11 +62,7 @@ def _bind(signature: inspect.Signature, args: tuple, kwargs: dict) -> Mapping[st
     return bound.arguments
 
 
-def _locate(where: Where, call: Mapping[str, Any], positional: list[str]) -> Any:
-    root = where.root
-    if root.startswith("arg") and root[3:].isdigit():
-        index = int(root[3:])
-        root = positional[index] if index < len(positional) else ""
+def _locate(where: Where, root: str, call: Mapping[str, Any]) -> Any:
     obj = call.get(root)
     for step, name in enumerate(where.path):
         obj = getattr(obj, name, None)
@@ -108,7 +104,7 @@ def _record(target: Target, report: te_caches.CacheReport) -> None:
 
 
 def _act(
-    target: Target, signature: inspect.Signature, is_method: bool, instance: Any, args: tuple, kwargs: dict
+    target: Target, signature: inspect.Signature, is_method: bool, root: str, instance: Any, args: tuple, kwargs: dict
 ) -> None:
     full_args = (instance, *args) if is_method and instance is not None else args
     if _RAY_TRACE_CTX in kwargs and _RAY_TRACE_CTX not in signature.parameters:
@@ -123,8 +119,7 @@ def _act(
     if reason:
         logger.debug("te_offload_shim: %s: stepping aside: %s", target.path, reason)
         return
-    positional = [p for p in signature.parameters][1 if is_method else 0 :]
-    models = _locate(target.where, call, positional)
+    models = _locate(target.where, root, call)
     if isinstance(models, Iterator):
         warn_once(
             f"iterator:{target.name}",
@@ -141,6 +136,8 @@ def _act(
 
 def make_handler(target: Target, signature: inspect.Signature, is_method: bool) -> Callable[..., Any]:
     """The wrapt wrapper function for `target`."""
+    # The patcher refuses a spec that names no parameter, so this is resolved once, here.
+    root = target.where.parameter(list(signature.parameters), is_method) or ""
 
     def handler(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         depth = getattr(_inside, "depth", 0)
@@ -150,7 +147,7 @@ def make_handler(target: Target, signature: inspect.Signature, is_method: bool) 
             # function reaching Megatron's) was cleared by the outermost wrapper already.
             if depth == 0:
                 try:
-                    _act(target, signature, is_method, instance, args, kwargs)
+                    _act(target, signature, is_method, root, instance, args, kwargs)
                 except Exception as exc:
                     if _config.strict():
                         raise

@@ -127,15 +127,9 @@ def _rebind(old: Any, new: Any) -> None:
 
 def _where_problem(target: Target, signature: inspect.Signature, is_method: bool) -> str | None:
     """A `where` that names no parameter would patch fine and never clear: say so instead."""
-    root = target.where.root
-    names = list(signature.parameters)
-    if root.startswith("arg") and root[3:].isdigit():
-        positional = names[1:] if is_method else names
-        if int(root[3:]) < len(positional):
-            return None
-    elif root in signature.parameters:
+    if target.where.parameter(list(signature.parameters), is_method) is not None:
         return None
-    return f"models spec {target.where.text or root!r} names no parameter of {target.attribute}{signature}"
+    return f"models spec {target.where.text or target.where.root!r} names no parameter of {target.attribute}{signature}"
 
 
 def apply(target: Target, module: ModuleType) -> str:

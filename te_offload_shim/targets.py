@@ -34,6 +34,15 @@ class Where:
     def __repr__(self) -> "str":
         return f"Where({self.text!r})"
 
+    def parameter(self, names: "list[str]", is_method: "bool") -> "str | None":
+        """The parameter the spec starts from, given the function's parameter names; `argN`
+        counts after `self` for a method. None when the function has no such parameter."""
+        if self.root.startswith("arg") and self.root[3:].isdigit():
+            positional = names[1:] if is_method else names
+            index = int(self.root[3:])
+            return positional[index] if index < len(positional) else None
+        return self.root if self.root in names else None
+
 
 def parse_where(text: "str") -> "Where":
     """Parse a `where` spec; raise ValueError with a readable message when malformed."""
