@@ -1,15 +1,29 @@
-"""The package's logger and its warn-once rule: a long run must not drown in repeated warnings."""
+"""The package's logger, its warn-once rule, and logging that can never fail an offload.
+
+Every log call of the package goes through `log` or `warn_once`: a handler or filter that raises
+(a "warnings are fatal" handler, a broken stream) must not escape into the wrapped offload or a
+target's import. A long run must not drown in repeated warnings either.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
+
+from ._locks import Lock
 
 logger = logging.getLogger("te_offload_shim")
 
 _warned: set[str] = set()
-_lock = threading.Lock()
+_lock = Lock()
+
+
+def log(level: int, message: str, *args: object) -> None:
+    """`logger.log`, except that nothing a handler does can raise out of it."""
+    try:
+        logger.log(level, message, *args)
+    except Exception:  # the application's logging is not ours to break, nor to let break us
+        pass
 
 
 def warn_once(key: str, message: str, *args: object) -> bool:
@@ -18,7 +32,7 @@ def warn_once(key: str, message: str, *args: object) -> bool:
         if key in _warned:
             return False
         _warned.add(key)
-    logger.warning(message, *args)
+    log(logging.WARNING, message, *args)
     return True
 
 

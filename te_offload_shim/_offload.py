@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _config, te_caches
-from ._log import human_bytes, logger, rank_prefix, warn_once
+from ._log import human_bytes, log, rank_prefix, warn_once
 
 if TYPE_CHECKING:
     import inspect
@@ -91,7 +91,7 @@ def _record(target: Target, report: te_caches.CacheReport) -> None:
         per["entries"] += report.entries
         per["bytes"] += report.bytes
         first, _announced = not _announced, True
-    logger.log(
+    log(
         20 if first else 10,
         "te_offload_shim: %s%s: cleared %d FP8 weight workspaces in %d modules (%s held%s) before the flush",
         rank_prefix(),
@@ -117,7 +117,7 @@ def _act(
         return
     reason = target.step_aside(call) if target.step_aside is not None else None
     if reason:
-        logger.debug("te_offload_shim: %s: stepping aside: %s", target.path, reason)
+        log(10, "te_offload_shim: %s: stepping aside: %s", target.path, reason)
         return
     models = _locate(target.where, root, call)
     if isinstance(models, Iterator):

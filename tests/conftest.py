@@ -1,4 +1,12 @@
-"""Shared test plumbing: fresh interpreters with a chosen verl release on the path."""
+"""Shared test plumbing: fresh interpreters with a chosen verl release on the path.
+
+`@pytest.mark.subprocess(...)` runs a real test function in a fresh interpreter (a child pytest that
+selects that one test), the way dd-trace-py's marker does: the function is linted and type-checked
+like any other, and import state (the shim installed or not, which modules are loaded) starts
+clean. The module holding such tests must import nothing heavy at its top: the child imports it.
+Keywords: `env` (added to the child's environment), `verl` (a release put on the path), `timeout`,
+`args` (extra pytest arguments for the child, e.g. `--assert=plain` for a pristine meta path).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +23,59 @@ REPO = Path(__file__).resolve().parent.parent
 DEPS = REPO / ".deps"
 UNFIXED_VERL = ("0.7.1", "0.8.0")
 FIXED_VERL = ("0.9.1",)
+
+CHILD = "TE_OFFLOAD_SHIM_TEST_CHILD"  # set to the node id in the child that runs it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "subprocess(env=None, verl=None, timeout=180, args=()): run the test in a fresh interpreter"
+    )
+
+
+def child_env(
+    env: dict[str, str] | None = None, verl: str | None = None, path: list[str | Path] = ()
+) -> dict[str, str]:  # type: ignore[assignment]
+    """The environment of a fresh test interpreter: no shim switch leaks in from ours, the repository
+    (and a verl release) on the path, and CI's wrapt-1.x prefix when it re-runs a suite."""
+    paths = [str(p) for p in path]
+    paths += [p for p in os.environ.get("TEST_PYTHONPATH_PREFIX", "").split(os.pathsep) if p]
+    paths.append(str(REPO))
+    if verl is not None:
+        paths.append(str(verl_path(verl)))
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
+    full["PYTHONPATH"] = os.pathsep.join(paths)
+    full.update(env or {})
+    return full
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    marker = pyfuncitem.get_closest_marker("subprocess")
+    if marker is None or os.environ.get(CHILD) == pyfuncitem.nodeid:
+        return None  # an ordinary test, or the child running its one test
+    opts = marker.kwargs
+    env = child_env(opts.get("env"), opts.get("verl"))
+    env[CHILD] = pyfuncitem.nodeid
+    basetemp = pyfuncitem.config._tmp_path_factory.mktemp("child", numbered=True)  # type: ignore[attr-defined]
+    command = [
+        sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+        "-p", "no:randomly", f"--basetemp={basetemp}", "--no-header", "-rN", *opts.get("args", ()),
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(
+            command, capture_output=True, text=True, env=env, cwd=REPO, timeout=opts.get("timeout", 180)
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"fresh interpreter timed out after {exc.timeout} s:\n{(exc.stdout or b'')[-4000:]!r}", pytrace=False
+        )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"in a fresh interpreter ({proc.returncode}):\n{proc.stdout[-8000:]}\n{proc.stderr[-4000:]}", pytrace=False
+        )
+    return True
+
 
 PRELUDE = """
 import json, logging, sys, warnings
@@ -43,15 +104,7 @@ def run_py(
     """Run `code` in a fresh interpreter; return the dict it passed to `emit(...)`, plus its stderr.
 
     `path` goes first on PYTHONPATH (modules a test wrote)."""
-    paths = [str(p) for p in path]
-    # CI re-runs the subprocess suites with wrapt 1.x first on the path (scripts/test.sh)
-    paths += [p for p in os.environ.get("TEST_PYTHONPATH_PREFIX", "").split(os.pathsep) if p]
-    paths.append(str(REPO))
-    if verl is not None:
-        paths.append(str(verl_path(verl)))
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
-    full_env["PYTHONPATH"] = os.pathsep.join(paths)
-    full_env.update(env or {})
+    full_env = child_env(env, verl, path)
     proc = subprocess.run(
         [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
         capture_output=True,
