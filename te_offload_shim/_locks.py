@@ -26,7 +26,7 @@ class Lock:
     __slots__ = ("_factory", "_lock")
 
     def __init__(self, reentrant: "bool" = False) -> "None":
-        self._factory: "Callable[[], Any]" = _thread.RLock if reentrant else _thread.allocate_lock
+        self._factory: Callable[[], Any] = _thread.RLock if reentrant else _thread.allocate_lock
         self._lock = self._factory()
         _all.append(self)
 
