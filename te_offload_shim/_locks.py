@@ -33,7 +33,7 @@ class Lock:
     def __enter__(self) -> "bool":
         return self._lock.__enter__()
 
-    def __exit__(self, *exc: "object") -> "None":
+    def __exit__(self, *exc: "Any") -> "None":
         self._lock.__exit__(*exc)
 
 
