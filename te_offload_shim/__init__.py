@@ -6,10 +6,10 @@ offload functions when they are imported. Until then nothing beyond the standard
 imported. `TE_OFFLOAD_SHIM=0` turns the package into a no-op.
 """
 
-import _thread
 import sys
 
 from . import _config, _watch
+from ._locks import Lock
 from .targets import BUILTIN, Target, parse_user_targets
 
 TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start
@@ -32,7 +32,7 @@ __all__ = [
     "uninstall",
 ]
 
-_lock = _thread.RLock()
+_lock = Lock(reentrant=True)
 _installed = False
 _targets: "tuple[Target, ...]" = ()
 _problems: "list[str]" = []
@@ -53,12 +53,20 @@ def _on_hook_error(module: "str", exc: "BaseException") -> "None":
 def _on_import(module: "ModuleType") -> "None":
     from . import _patch
 
+    spec = getattr(module, "__spec__", None)
+    name = spec.name if spec is not None else module.__name__
     for target in _targets:
-        if target.module == module.__name__:
-            try:
-                _patch.apply(target, module)
-            except Exception as exc:  # one bad target must not keep the others of its module unpatched
-                _on_hook_error(module.__name__, exc)
+        if target.module != name:
+            continue
+        state = _patch.apply(target, module)
+        if state.startswith("error") or (state == "absent" and target.user):
+            # A target that cannot be patched says so where the operator looks: the log, and status.
+            _warn(
+                f"unpatchable:{target.name}",
+                "te_offload_shim: %s is not patched (%s); its offload runs without clearing FP8 caches",
+                target.path,
+                state if state != "absent" else f"{name} has no attribute {target.attribute}",
+            )
 
 
 def _on_ray_import(module: "ModuleType") -> "None":
@@ -83,21 +91,31 @@ def all_targets() -> "tuple[Target, ...]":
     return (*BUILTIN, *user)
 
 
+def _check_switches(targets: "tuple[Target, ...]") -> "None":
+    for problem in _config.switch_problems(tuple(t.name for t in targets)):
+        _warn(f"switch:{problem}", "te_offload_shim: %s", problem)
+
+
 def install() -> "bool":
     """Watch every target module and patch it on import (at once if already imported).
 
-    Idempotent and thread-safe. Returns False when `TE_OFFLOAD_SHIM=0`."""
+    Idempotent and thread-safe; never waits for another thread's import. Returns False when
+    `TE_OFFLOAD_SHIM=0`."""
     global _installed, _targets
     if not _config.enabled():
         return False
     with _lock:
         if _installed:
             return True
+        from . import _registry
+
         user, problems = parse_user_targets(_config.user_targets())
         _problems[:] = problems
         for problem in problems:
             _warn(f"user-target:{problem}", "te_offload_shim: ignoring %s entry %s", _config.TARGETS, problem)
         _targets = (*BUILTIN, *user)
+        _check_switches(_targets)
+        _registry.activate()
         _installed = True
         _watch.set_error_handler(_on_hook_error)
         for module in dict.fromkeys(t.module for t in _targets):
@@ -108,23 +126,24 @@ def install() -> "bool":
 
 
 def uninstall() -> "int":
-    """Stop watching, restore every original (module attributes and rebound aliases).
+    """Stop watching, disarm every wrapper wherever it sits, restore every original (module
+    attributes, rebound aliases, Ray's loaders and actor method copies).
 
-    Returns how many patched attributes were restored. `install()` works again afterwards."""
+    Returns how many patched attributes were restored; never raises. No patch lands after it
+    returns. `install()` works again afterwards."""
     global _installed
     with _lock:
-        _watch.unwatch_all()
-        restored = 0
-        patch = sys.modules.get(f"{__name__}._patch")
-        if patch is not None:
-            restored = patch.unpatch_all()
-        activation = sys.modules.get(f"{__name__}._activation")
-        if activation is not None:
-            activation.restore_ray_init()
-        ray_actors = sys.modules.get(f"{__name__}.ray_actors")
-        if ray_actors is not None:
-            ray_actors.restore()
         _installed = False
+        try:
+            _watch.unwatch_all()
+        except Exception as exc:
+            _warn("uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", exc)
+        registry = sys.modules.get(f"{__name__}._registry")
+        if registry is None:
+            return 0
+        restored, errors = registry.deactivate()
+        for error in errors:
+            _warn(f"uninstall:{error}", "te_offload_shim: uninstall could not restore %s", error)
         return restored
 
 
@@ -134,11 +153,13 @@ def installed() -> "bool":
 
 def status() -> "dict[str, Any]":
     """What this process has: switches, and for each target whether it is imported and patched."""
-    patch = sys.modules.get(f"{__name__}._patch")
+    if _installed:
+        _watch.catch_up()
+    registry = sys.modules.get(f"{__name__}._registry")
     rows = []
     for target in all_targets():
         imported = target.module in sys.modules
-        state = patch.state(target.name) if patch is not None else None
+        state = registry.state(target.name) if registry is not None else None
         if state is None:
             if _config.is_disabled(target.name):
                 state = "disabled"
@@ -150,7 +171,7 @@ def status() -> "dict[str, Any]":
                 "target": target.path,
                 "imported": imported,
                 "state": state,
-                "layers": _layers(target) if imported and patch is not None else 0,
+                "layers": _layers(target) if imported else 0,
             }
         )
     return {
@@ -165,11 +186,15 @@ def status() -> "dict[str, Any]":
 
 
 def _layers(target: "Target") -> "int":
-    from . import _patch
-
+    patch = sys.modules.get(f"{__name__}._patch")  # loaded with the first patch; wrapt with it
     module = sys.modules.get(target.module)
-    found = _patch._owner(module, target.attribute) if module is not None else None
-    return _patch.shim_layers(vars(found[0])[found[1]]) if found else 0
+    if patch is None or module is None:
+        return 0
+    try:
+        found = patch.owner_of(module, target.attribute)
+        return patch.shim_layers(vars(found[0])[found[1]]) if found else 0
+    except Exception:
+        return 0
 
 
 def stats() -> "dict[str, Any]":

@@ -8,7 +8,6 @@ Imported lazily (by the CLI, or when `ray` is imported in a process where the sh
 
 from __future__ import annotations
 
-import functools
 import os
 import site
 import sys
@@ -210,38 +209,31 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**kwargs, "runtime_env": new_env}
 
 
-_ray_init: dict[str, Any] = {}  # module -> the original init we replaced, to restore on uninstall
+RAY_INIT_KIND = "ray.init"
 
 
-def _wrap_init(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def init(*args: Any, **kwargs: Any) -> Any:
+def _init_handler(record: Any) -> Callable[..., Any]:
+    def handler(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         shim = sys.modules.get("te_offload_shim")
-        if shim is not None and shim.installed():
+        if record.armed and shim is not None and shim.installed():
             try:
                 kwargs = with_setup_hook(kwargs)
             except Exception as exc:  # ray.init must go on whatever happens here
                 _log("ray-hook-error", "te_offload_shim: could not add the Ray setup hook: %r", exc)
-        return original(*args, **kwargs)
+        return wrapped(*args, **kwargs)
 
-    init._te_offload_shim_original = original  # type: ignore[attr-defined]
-    return init
+    return handler
 
 
 def on_ray_import(ray: ModuleType) -> None:
-    """Post-import callback for `ray`: wrap `ray.init` once."""
-    current = getattr(ray, "init", None)
-    if current is None or hasattr(current, "_te_offload_shim_original"):
-        return
-    _ray_init["ray"] = (ray, current)
-    ray.init = _wrap_init(current)  # type: ignore[attr-defined]
+    """Post-import callback for `ray`: wrap `ray.init` once (a registry record undoes it)."""
+    from . import _registry
+    from ._wrapper import ShimWrapper, is_ours
 
-
-def restore_ray_init() -> None:
-    """Undo `on_ray_import` (called by `uninstall()`)."""
-    entry = _ray_init.pop("ray", None)
-    if entry is None:
-        return
-    ray, original = entry
-    if getattr(getattr(ray, "init", None), "_te_offload_shim_original", None) is original:
-        ray.init = original  # type: ignore[attr-defined]
+    with _registry.lock:
+        current = vars(ray).get("init")
+        if current is None or is_ours(current):
+            return
+        record = _registry.Record(RAY_INIT_KIND, ray, "init", current)
+        wrapper = ShimWrapper(current, _init_handler(record), record, (ray.__name__, "init"))
+        _registry.add(record, wrapper, lambda: setattr(ray, "init", wrapper))

@@ -1,7 +1,9 @@
 """Environment switches, read in one place.
 
-Read at call time rather than import time, so a test (or an operator with a debugger) can flip a
-switch in a running process and the next offload sees it.
+Read at call time rather than import time: `TE_OFFLOAD_SHIM=0` or `TE_OFFLOAD_SHIM_DISABLE` set in
+a running process leaves the next offload alone, and `TE_OFFLOAD_SHIM_STRICT` takes effect at the
+next call. `TE_OFFLOAD_SHIM=0` at start-up also keeps the shim from installing at all.
+`TE_OFFLOAD_SHIM_TARGETS` is read once, when the shim installs.
 """
 
 import os
@@ -52,6 +54,22 @@ def is_disabled(name: "str") -> "bool":
     `areal` covers `areal-awex`, `roll` covers `roll-train`."""
     off = disabled_targets()
     return "*" in off or name in off or any(name.startswith(f"{d}-") for d in off)
+
+
+def switch_problems(names: "tuple[str, ...]") -> "list[str]":
+    """What is wrong with the switches as set: values we do not understand, and names in
+    TE_OFFLOAD_SHIM_DISABLE that match no target (a misspelt name would disable nothing)."""
+    problems = []
+    for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off")):
+        value = os.environ.get(switch, "").strip().lower()
+        if value and value not in _TRUE and value not in _FALSE:
+            problems.append(
+                f"{switch}={os.environ[switch]!r} is not 1/0 (true/false, yes/no, on/off); it stays {default}"
+            )
+    for name in sorted(disabled_targets() - {"*"}):
+        if not any(n == name or n.startswith(f"{name}-") for n in names):
+            problems.append(f"{DISABLE} names {name!r}, which is no target (known: {', '.join(names)})")
+    return problems
 
 
 def user_targets() -> "str":

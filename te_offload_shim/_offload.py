@@ -1,27 +1,30 @@
 """What one wrapped offload call does: find the chunks, clear their caches, count, log, then run
 the original (whose own flush hands the memory back to the driver).
 
-Fail open: the shim's own errors are logged once and the original still runs. Strict mode
-(`TE_OFFLOAD_SHIM_STRICT=1`) raises them instead, for tests.
+Fail open: the shim's own errors are logged once and the original still runs, whatever happens
+here (a raising logging handler included). Strict mode (`TE_OFFLOAD_SHIM_STRICT=1`) raises them
+instead, for tests. The switches are read at every call: `TE_OFFLOAD_SHIM=0` or a name in
+`TE_OFFLOAD_SHIM_DISABLE` set in a running process leaves the next offload alone.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _config, te_caches
+from ._locks import Lock
 from ._log import human_bytes, log, rank_prefix, warn_once
 
 if TYPE_CHECKING:
     import inspect
     from collections.abc import Callable, Mapping
 
-    from .targets import Target, Where
+    from ._registry import Record
+    from .targets import Target
 
 _RAY_TRACE_CTX = "_ray_trace_ctx"
-_lock = threading.Lock()
+_lock = Lock()
 _inside = threading.local()
 _totals: dict[str, Any] = {
     "calls": 0,
@@ -51,26 +54,6 @@ def reset_stats() -> None:
             _totals[key] = 0
         _by_target.clear()
         _announced = False
-
-
-def _bind(signature: inspect.Signature, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError:
-        return None  # the original raises its own error for this call; we add none
-    bound.apply_defaults()
-    return bound.arguments
-
-
-def _locate(where: Where, root: str, call: Mapping[str, Any]) -> Any:
-    obj = call.get(root)
-    for step, name in enumerate(where.path):
-        obj = getattr(obj, name, None)
-        if obj is None:
-            return None
-        if where.call and step == len(where.path) - 1:
-            obj = obj()
-    return obj
 
 
 def _record(target: Target, report: te_caches.CacheReport) -> None:
@@ -103,64 +86,102 @@ def _record(target: Target, report: te_caches.CacheReport) -> None:
     )
 
 
-def _act(
-    target: Target, signature: inspect.Signature, is_method: bool, root: str, instance: Any, args: tuple, kwargs: dict
-) -> None:
-    full_args = (instance, *args) if is_method and instance is not None else args
-    if _RAY_TRACE_CTX in kwargs and _RAY_TRACE_CTX not in signature.parameters:
-        # With Ray tracing on, actor methods get this keyword through Ray's tracing closure.
-        kwargs = {k: v for k, v in kwargs.items() if k != _RAY_TRACE_CTX}
-    call = _bind(signature, full_args, kwargs)
-    if call is None:
-        return
-    if target.when is not None and not target.when(call):
-        return
-    reason = target.step_aside(call) if target.step_aside is not None else None
-    if reason:
-        log(10, "te_offload_shim: %s: stepping aside: %s", target.path, reason)
-        return
-    models = _locate(target.where, root, call)
-    if isinstance(models, Iterator):
-        warn_once(
-            f"iterator:{target.name}",
-            "te_offload_shim: %s got its models as a one-shot iterator; caches not cleared "
-            "(consuming it would change what the original sees). Pass a list.",
-            target.path,
-        )
-        return
-    params = None
-    if target.resolve is not None and models is not None:
-        models, params = target.resolve(models)
-    _record(target, te_caches.clear_fp8_workspaces(models, params=params, strict=_config.strict()))
+class Handler:
+    """The wrapt wrapper function of one patched target: what it knows about the target's call
+    (signature, how it binds, where the models are) is worked out once, here."""
 
+    __slots__ = ("kind", "record", "root", "signature", "takes_self", "target")
 
-def make_handler(target: Target, signature: inspect.Signature, is_method: bool) -> Callable[..., Any]:
-    """The wrapt wrapper function for `target`."""
-    # The patcher refuses a spec that names no parameter, so this is resolved once, here.
-    root = target.where.parameter(list(signature.parameters), is_method) or ""
+    def __init__(self, target: Target, signature: inspect.Signature, kind: str, record: Record) -> None:
+        self.target = target
+        self.signature = signature
+        self.kind = kind
+        self.record = record
+        self.takes_self = kind in ("method", "classmethod")
+        # The patcher refuses a spec that names no parameter, so this is resolved once, here.
+        self.root = target.where.parameter(list(signature.parameters), self.takes_self) or ""
 
-    def handler(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    def __call__(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        if not self.record.armed:
+            return wrapped(*args, **kwargs)
         depth = getattr(_inside, "depth", 0)
         _inside.depth = depth + 1
         try:
             # An offload that calls another patched offload (a subclass calling super(), verl's
             # function reaching Megatron's) was cleared by the outermost wrapper already.
             if depth == 0:
-                try:
-                    _act(target, signature, is_method, root, instance, args, kwargs)
-                except Exception as exc:
-                    if _config.strict():
-                        raise
-                    with _lock:
-                        _totals["errors"] += 1
-                    warn_once(
-                        f"act:{target.name}:{type(exc).__name__}",
-                        "te_offload_shim: %s: clearing FP8 caches failed (%r); the offload goes on without it",
-                        target.path,
-                        exc,
-                    )
+                self._clear_failing_open(instance, args, kwargs)
             return wrapped(*args, **kwargs)
         finally:
             _inside.depth = depth
 
-    return handler
+    def _clear_failing_open(self, instance: Any, args: tuple, kwargs: dict) -> None:
+        try:
+            if _config.enabled() and not _config.is_disabled(self.target.name):
+                self._clear(instance, args, kwargs)
+        except Exception as exc:
+            if _config.strict():
+                raise
+            with _lock:
+                _totals["errors"] += 1
+            warn_once(
+                f"act:{self.target.name}:{type(exc).__name__}",
+                "te_offload_shim: %s: clearing FP8 caches failed (%s); the offload goes on without it",
+                self.target.path,
+                repr_safe(exc),
+            )
+
+    def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
+        if self.takes_self and instance is not None:
+            args = (instance, *args)
+        if _RAY_TRACE_CTX in kwargs and _RAY_TRACE_CTX not in self.signature.parameters:
+            # With Ray tracing on, actor methods get this keyword through Ray's tracing closure.
+            kwargs = {k: v for k, v in kwargs.items() if k != _RAY_TRACE_CTX}
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            return None  # the original raises its own error for this call; we add none
+        bound.apply_defaults()
+        return bound.arguments
+
+    def _locate(self, call: Mapping[str, Any]) -> Any:
+        where = self.target.where
+        obj = call.get(self.root)
+        for step, name in enumerate(where.path):
+            obj = getattr(obj, name, None)
+            if obj is None:
+                return None
+            if where.call and step == len(where.path) - 1:
+                obj = obj()
+        return obj
+
+    def _clear(self, instance: Any, args: tuple, kwargs: dict) -> None:
+        target = self.target
+        call = self._bind(instance, args, kwargs)
+        if call is None:
+            return
+        if target.when is not None and not target.when(call):
+            return
+        reason = target.step_aside(call) if target.step_aside is not None else None
+        if reason:
+            log(10, "te_offload_shim: %s: stepping aside: %s", target.path, reason)
+            return
+        models = self._locate(call)
+        params = None
+        if target.resolve is not None and models is not None:
+            models, params = target.resolve(models)
+        _record(target, te_caches.clear_fp8_workspaces(models, params=params, strict=_config.strict()))
+
+
+def repr_safe(obj: object) -> str:
+    """`repr(obj)` that cannot raise, and keeps no reference (a log record holding an exception
+    would keep its traceback's frames, and the tensors in them, alive)."""
+    try:
+        return repr(obj)
+    except Exception:
+        return f"<{type(obj).__name__}>"
+
+
+def make_handler(target: Target, signature: inspect.Signature, kind: str, record: Record) -> Handler:
+    """The wrapt wrapper function for `target`."""
+    return Handler(target, signature, kind, record)

@@ -119,6 +119,7 @@ def target_row(target: Target, enabled: bool) -> dict[str, Any]:
     return {
         "name": target.name,
         "target": target.path,
+        "user": target.user,
         "distribution": target.distribution,
         "present": present,
         "version": dist_version,

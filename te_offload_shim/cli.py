@@ -132,6 +132,9 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
         state = row.get("state") or ""
         if state.startswith("error"):
             problems.append(f"{row['name']}: {state}")
+        elif state == "absent" and row.get("user") and row.get("imported"):
+            module, _, attribute = row["target"].partition(":")
+            problems.append(f"{row['name']}: {module} has no attribute {attribute} (misspelt in {_config.TARGETS}?)")
         if row.get("layers", 0) > 1:
             problems.append(f"{row['name']}: {row['layers']} shim wrappers stacked on {row['target']}")
         if row.get("import_error"):

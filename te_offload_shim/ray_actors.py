@@ -13,19 +13,18 @@ qualified name (the `__wrapped__` chain of the tracing closure ends in the copie
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-import wrapt
-
-from . import _patch
+from . import _registry
 from ._offload import make_handler
+from ._wrapper import ShimWrapper, is_ours, shim_layers
 
 MODULE = "ray._private.function_manager"
 _LOADERS = ("_load_actor_class_from_gcs", "_load_actor_class_from_local")
-_lock = threading.Lock()
-_wrapped: list[tuple[type, str, Any]] = []
+LOADER_KIND = "ray-loader"
+COPY_KIND = "actor-copy"
 
 
 def _origin(fn: Any) -> tuple[str | None, str | None]:
@@ -42,22 +41,28 @@ def patch_copies(actor_class: Any) -> int:
     if not isinstance(actor_class, type):
         return 0
     wrapped = 0
-    for history in _patch.patches().values():
-        for patch in history[-1:]:
-            if not isinstance(patch.owner, type):
+    for patch in _registry.iter_armed("target"):
+        if not isinstance(patch.owner, type):
+            continue
+        original = patch.replacement.__wrapped__
+        origin: tuple[str, str] = (original.__module__, original.__qualname__)
+        for klass in actor_class.__mro__:
+            if klass is patch.owner:
+                break
+            copy = vars(klass).get(patch.name)
+            if copy is None or shim_layers(copy) or _origin(copy) != origin:
                 continue
-            origin: tuple[str, str] = (patch.original.__module__, patch.original.__qualname__)
-            for klass in actor_class.__mro__:
-                if klass is patch.owner:
-                    break
-                copy = vars(klass).get(patch.name)
-                if copy is None or _patch.shim_layers(copy) or _origin(copy) != origin:
-                    continue
-                handler = make_handler(patch.target, patch.wrapper._self_signature, True)
-                shim = _patch.ShimWrapper(copy, handler, patch.target.name, *origin, patch.wrapper._self_signature)
-                setattr(klass, patch.name, shim)
+            known = patch.replacement._self_wrapper  # the target's own call handling
+            record = _registry.Record(COPY_KIND, klass, patch.name, copy, target=patch.target)
+            handler = make_handler(known.target, known.signature, known.kind, record)
+            shim = ShimWrapper(copy, handler, record, origin)
+            if _registry.add(record, shim, _setter(klass, patch.name, shim)):
                 wrapped += 1
     return wrapped
+
+
+def _setter(owner: Any, name: str, value: Any) -> Callable[[], None]:
+    return lambda: setattr(owner, name, value)
 
 
 def _after_load(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -71,21 +76,25 @@ def _after_load(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return actor_class
 
 
+def _loader_handler(record: _registry.Record) -> Any:
+    def handler(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if not record.armed:
+            return wrapped(*args, **kwargs)
+        return _after_load(wrapped, instance, args, kwargs)
+
+    return handler
+
+
 def on_import(module: ModuleType) -> None:
     manager = getattr(module, "FunctionActorManager", None)
     if not isinstance(manager, type):
         return
-    with _lock:
+    with _registry.lock:
         for name in _LOADERS:
             current = vars(manager).get(name)
-            if current is None or isinstance(current, wrapt.FunctionWrapper):
+            if current is None or is_ours(current):
                 continue
-            setattr(manager, name, wrapt.FunctionWrapper(current, _after_load))
-            _wrapped.append((manager, name, current))
-
-
-def restore() -> None:
-    with _lock:
-        for owner, name, original in reversed(_wrapped):
-            setattr(owner, name, original)
-        _wrapped.clear()
+            record = _registry.Record(LOADER_KIND, manager, name, current)
+            ref = (manager.__module__, f"{manager.__qualname__}.{name}")
+            wrapper = ShimWrapper(current, _loader_handler(record), record, ref)
+            _registry.add(record, wrapper, _setter(manager, name, wrapper))

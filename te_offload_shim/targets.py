@@ -68,9 +68,9 @@ class Target:
         "fixed_upstream",
         "module",
         "name",
-        "note",
         "resolve",
         "step_aside",
+        "user",
         "versions",
         "when",
         "where",
@@ -89,7 +89,7 @@ class Target:
         step_aside: "Callable[[Mapping[str, Any]], str | None] | None" = None,
         fixed_upstream: "Callable[[ModuleType], bool] | None" = None,
         resolve: "Callable[[Any], tuple[Any, Any]] | None" = None,
-        note: "str" = "",
+        user: "bool" = False,
     ) -> "None":
         self.name = name
         self.module = module
@@ -101,7 +101,7 @@ class Target:
         self.step_aside = step_aside
         self.fixed_upstream = fixed_upstream
         self.resolve = resolve
-        self.note = note
+        self.user = user  # from TE_OFFLOAD_SHIM_TARGETS: an absent attribute is then a mistake
 
     @property
     def path(self) -> "str":
@@ -195,8 +195,7 @@ BUILTIN: "tuple[Target, ...]" = (
         distribution="megatron-core",
         versions="0.16.0+ (the method is absent before)",
         when=_truthy("move_params"),
-        resolve=_megatron_buffer_modules,
-        note="only the TE layers whose weights live in the buffer, only when params move",
+        resolve=_megatron_buffer_modules,  # only the TE layers whose weights live in the buffer
     ),
     Target(
         "nemo-rl",
@@ -309,7 +308,7 @@ def parse_user_targets(text: "str") -> "tuple[list[Target], list[str]]":
             problems.append(f"{entry!r}: attribute must be function or Class.method")
             continue
         try:
-            targets.append(Target(path, module, attribute, where, note="user target"))
+            targets.append(Target(path, module, attribute, where, user=True))
         except ValueError as exc:
             problems.append(f"{entry!r}: {exc}")
     return targets, problems

@@ -5,7 +5,8 @@ selects that one test), the way dd-trace-py's marker does: the function is linte
 like any other, and import state (the shim installed or not, which modules are loaded) starts
 clean. The module holding such tests must import nothing heavy at its top: the child imports it.
 Keywords: `env` (added to the child's environment), `verl` (a release put on the path), `timeout`,
-`args` (extra pytest arguments for the child, e.g. `--assert=plain` for a pristine meta path).
+`args` (extra pytest arguments for the child, e.g. `--assert=plain` for a pristine meta path),
+`activate` (the shim is active from interpreter start, as with `te-offload-shim run`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DEPS = REPO / ".deps"
+BOOTSTRAP = REPO / "te_offload_shim" / "_bootstrap"
 UNFIXED_VERL = ("0.7.1", "0.8.0")
 FIXED_VERL = ("0.9.1",)
 
@@ -56,6 +58,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None  # an ordinary test, or the child running its one test
     opts = marker.kwargs
     env = child_env(opts.get("env"), opts.get("verl"))
+    if opts.get("activate"):
+        env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), env["PYTHONPATH"]])
     env[CHILD] = pyfuncitem.nodeid
     basetemp = pyfuncitem.config._tmp_path_factory.mktemp("child", numbered=True)  # type: ignore[attr-defined]
     command = [

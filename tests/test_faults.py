@@ -259,6 +259,7 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
 
     from harness import te_standins as te
     from te_offload_shim._offload import make_handler
+    from te_offload_shim._registry import Record
     from te_offload_shim.targets import Target
 
     class Actor:
@@ -271,7 +272,8 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
             return "slept"
 
     target = Target("tracing", __name__, "Actor.sleep", "self.model")
-    handler = make_handler(target, inspect.signature(Actor.sleep), True)
+    record = Record("target", Actor, "sleep", Actor.sleep, target=target.name)
+    handler = make_handler(target, inspect.signature(Actor.sleep), "method", record)
     actor = Actor()
     seen = []
     result = handler(lambda **kw: seen.append(kw) or "slept", actor, (), {"_ray_trace_ctx": {"t": 1}})

@@ -66,7 +66,7 @@ def reload(ddp):
 # Chunks a (MoE: dense + expert buffer) and b (dense) exist when this runs; c is built after it.
 SCENARIO = """
 import te_offload_shim as shim
-from te_offload_shim import megatron_buffers, _patch
+from te_offload_shim import megatron_buffers, _patch, _registry
 from megatron.core.distributed import DistributedDataParallel as DDP
 scans = []
 real_scan = megatron_buffers._scan
@@ -102,7 +102,7 @@ out["scans"] = len(scans)
 s = shim.stats()
 out["stats"] = [s["calls"], s["by_target"]["megatron-core"]["calls"], s["entries"]]
 out["expected_entries"] = len(all_a) + len(all_b) + len(all_c)
-out["wrapped"] = sorted(_patch.patches())
+out["wrapped"] = sorted({r.target for r in _registry.records("target")})
 out["untouched"] = [_patch.shim_layers(DDP.__init__), _patch.shim_layers(DDP.forward)]
 state = {t["name"]: t["state"] for t in shim.status()["targets"]}
 out["state"] = state["megatron-core"]

@@ -212,9 +212,10 @@ def test_setup_hook_rules_without_a_cluster() -> None:
         os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"] = '{"runtime_env": {"env_vars": {"C": "3"}}}'
         out["submitted"] = a.with_setup_hook({"job_config": JobConfig()})["runtime_env"]
         import ray, te_offload_shim
-        wrapped = hasattr(ray.init, "_te_offload_shim_original")
+        from te_offload_shim._wrapper import is_ours
+        wrapped = is_ours(vars(ray)["init"])
         te_offload_shim.uninstall()
-        emit(out=out, wrapped=wrapped, restored=not hasattr(ray.init, "_te_offload_shim_original"))
+        emit(out=out, wrapped=wrapped, restored=not is_ours(vars(ray)["init"]))
         """
     )
     out, hook = r["out"], "te_offload_shim.ray_setup"

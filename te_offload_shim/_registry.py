@@ -1,0 +1,177 @@
+"""Every patch the package makes, as a record that can recognise, disarm and undo itself.
+
+The one source of truth for `status()` and `uninstall()`: a table target, `ray.init`, Ray's
+actor-class loaders and the actor method copies are all records here, and a new kind of patch is a
+new record, never a new teardown path. A record is added *before* the patch takes effect, so that
+whatever interrupts the patching (an exception, a fork) leaves something `uninstall()` can undo.
+
+Disarming comes before restoring: a wrapper we cannot take back out (something wrapped it after
+us, a copy we never saw) reads its record's `armed` flag at every call and then steps aside.
+Standard library only.
+"""
+
+import sys
+
+from ._locks import Lock
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Any
+
+_lock = Lock(reentrant=True)
+lock = _lock  # held across a whole patch: check, record, put in place
+_records: "list[Record]" = []
+_states: "dict[str, str]" = {}
+_active = False
+
+
+class Record:
+    """One patch: `owner.name` was `original` and now is `replacement`.
+
+    `aliases`: module globals elsewhere that held `original` were pointed at `replacement` too
+    (module-level functions), so undoing it points every global that holds `replacement` back."""
+
+    __slots__ = ("aliases", "armed", "kind", "name", "original", "owner", "replacement", "target")
+
+    def __init__(
+        self, kind: "str", owner: "Any", name: "str", original: "Any", *, target: "str | None" = None, aliases=False
+    ) -> "None":
+        self.kind = kind
+        self.owner = owner
+        self.name = name
+        self.original = original
+        self.replacement: Any = None
+        self.target = target
+        self.aliases = aliases
+        self.armed = True
+
+    def in_place(self) -> "bool":
+        """Whether the owner still holds our replacement (nothing replaced it since)."""
+        try:
+            return vars(self.owner).get(self.name) is self.replacement
+        except TypeError:
+            return False
+
+    def restore(self) -> "bool":
+        """Put the original back where our replacement still sits; True if the owner had it."""
+        restored = False
+        if self.in_place():
+            setattr(self.owner, self.name, self.original)
+            restored = True
+        if self.aliases:
+            rebind(self.replacement, self.original)
+        return restored
+
+    def __repr__(self) -> "str":
+        return f"Record({self.kind!r}, {self.name!r}, target={self.target!r}, armed={self.armed})"
+
+
+def module_dict(module: "object") -> "dict[str, Any] | None":
+    """A loaded module's namespace, read without running any of its code.
+
+    A module loaded with `importlib.util.LazyLoader` executes on its first attribute access, and
+    `__dict__` is an attribute: reading it through the module would import something the
+    application never asked for. Such a module has no aliases to rebind yet, so it is skipped."""
+    cls = type(module)
+    if cls.__name__ == "_LazyModule" or not isinstance(module, type(sys)):
+        return None
+    try:
+        d = object.__getattribute__(module, "__dict__")
+    except Exception:
+        return None
+    return d if type(d) is dict else None
+
+
+def rebind(old: "object", new: "object") -> "int":
+    """Point every module global that holds `old` at `new`; returns how many.
+
+    Patching: `from X import f` made before the patch holds the original. Unpatching: one made
+    after it holds the wrapper, whether or not we ever saw that module."""
+    count = 0
+    for module in list(sys.modules.values()):
+        d = module_dict(module)
+        if d is None:
+            continue
+        try:
+            keys = [k for k, v in list(d.items()) if v is old]
+        except RuntimeError:  # a module being filled on another thread: its aliases come later
+            continue
+        for key in keys:
+            d[key] = new
+            count += 1
+    return count
+
+
+def activate() -> "None":
+    global _active
+    with _lock:
+        _active = True
+
+
+def active() -> "bool":
+    return _active
+
+
+def add(record: "Record", replacement: "Any", apply: "Callable[[], None]") -> "bool":
+    """Record `record`, then run `apply` (which puts `replacement` in place), under the registry
+    lock; False (and nothing done) once `deactivate()` has run, so no patch lands after it."""
+    with _lock:
+        if not _active:
+            return False
+        record.replacement = replacement
+        _records.append(record)
+        apply()
+        return True
+
+
+def records(kind: "str | None" = None) -> "list[Record]":
+    with _lock:
+        return [r for r in _records if kind is None or r.kind == kind]
+
+
+def find(kind: "str", owner: "object", name: "str") -> "Record | None":
+    """Our live record of `owner.name`, if that attribute holds one of our replacements."""
+    with _lock:
+        for record in reversed(_records):
+            if record.kind == kind and record.owner is owner and record.name == name and record.in_place():
+                return record
+    return None
+
+
+def set_state(target: "str", state: "str") -> "None":
+    with _lock:
+        _states[target] = state
+
+
+def state(target: "str") -> "str | None":
+    with _lock:
+        return _states.get(target)
+
+
+def deactivate() -> "tuple[int, list[str]]":
+    """Disarm every record, then undo each (newest first). Returns (attributes restored, errors):
+    one patch that cannot be undone does not keep the others in place."""
+    global _active
+    with _lock:
+        _active = False
+        taken = list(_records)
+        for record in taken:
+            record.armed = False
+        _records.clear()
+        _states.clear()
+    restored = 0
+    errors: list[str] = []
+    for record in reversed(taken):
+        try:
+            restored += record.restore()
+        except Exception as exc:
+            errors.append(f"{record.kind} {record.name}: {type(exc).__name__}: {exc}")
+    return restored, errors
+
+
+def iter_armed(kind: "str") -> "Iterator[Record]":
+    with _lock:
+        found = [r for r in _records if r.kind == kind and r.armed]
+    yield from found

@@ -1,0 +1,135 @@
+"""Our wrapper type: a wrapt `FunctionWrapper` that is recognisable and otherwise invisible.
+
+- Recognisable: `type(x) is ShimWrapper`, never `isinstance(x, wrapt.FunctionWrapper)` (that is
+  anyone's wrapper). Each one carries its registry record, so a disarmed one steps aside.
+- Pickles by reference, as a function does: unpickling imports the original's module and looks
+  the attribute up, with nothing of this package or wrapt in the stream, so a process that has
+  neither (a Ray worker with its own conda/container environment) can load it. A bound method
+  pickles as `getattr(instance, name)`, as Python's own bound methods do.
+- `copy.copy` / `copy.deepcopy` return the object itself, as they do for functions (wrapt's proxy
+  refuses both).
+- Static and class methods are wrapped as the descriptors they are, so wrapt binds them as Python
+  would (no `self` is invented for a static method, the class is passed to a class method).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+import wrapt
+
+if TYPE_CHECKING:
+    from ._registry import Record
+
+
+class _Ref:
+    """Pickles as `import_module(module)` then one `getattr` per qualname part: a pickle stream that
+    names only importlib and builtins, never this package."""
+
+    __slots__ = ("module", "parts")
+
+    def __init__(self, module: str, parts: tuple[str, ...]) -> None:
+        self.module = module
+        self.parts = parts
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if not self.parts:
+            return importlib.import_module, (self.module,)
+        return getattr, (_Ref(self.module, self.parts[:-1]), self.parts[-1])
+
+
+def reference(module: str, qualname: str) -> tuple[Any, tuple[Any, ...]]:
+    """A `__reduce__` value that loads `module.qualname` by import."""
+    return _Ref(module, tuple(qualname.split("."))).__reduce__()
+
+
+class _BoundShimWrapper(wrapt.BoundFunctionWrapper):  # type: ignore[misc]
+    def __reduce_ex__(self, protocol: object) -> tuple[Any, tuple[Any, ...]]:
+        record: Record = self._self_parent._self_record
+        holder = self._self_instance if self._self_instance is not None else record.owner
+        return getattr, (holder, record.name)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.__reduce_ex__(2)
+
+    def __copy__(self) -> _BoundShimWrapper:
+        return self
+
+    def __deepcopy__(self, memo: object) -> _BoundShimWrapper:
+        return self
+
+
+class ShimWrapper(wrapt.FunctionWrapper):  # type: ignore[misc]
+    """`record.original` wrapped by `handler(wrapped, instance, args, kwargs)`; `ref` is the
+    (module, qualname) it pickles as."""
+
+    __bound_function_wrapper__ = _BoundShimWrapper
+
+    def __init__(self, wrapped: Any, handler: Any, record: Record, ref: tuple[str, str]) -> None:
+        super().__init__(wrapped, handler)
+        self._self_record = record
+        self._self_ref = ref
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        # A plain function read from its class, and a static method read from anywhere, is the
+        # very object in the class dict, as without us: `getattr(cls, name) is` it, which is how
+        # pickle and cloudpickle decide that a function can be pickled by reference.
+        if self._self_binding == "staticmethod" or (instance is None and self._self_binding == "function"):
+            return self
+        return super().__get__(instance, owner)
+
+    def __reduce_ex__(self, protocol: object) -> tuple[Any, tuple[Any, ...]]:
+        return reference(*self._self_ref)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reference(*self._self_ref)
+
+    def __copy__(self) -> ShimWrapper:
+        return self
+
+    def __deepcopy__(self, memo: object) -> ShimWrapper:
+        return self
+
+
+def is_ours(obj: object) -> bool:
+    return type(obj) is ShimWrapper or type(obj) is _BoundShimWrapper
+
+
+def unwrap_descriptor(obj: Any) -> Any:
+    """The function inside a staticmethod/classmethod, or `obj` itself."""
+    # type(), not isinstance(): a proxy (ours included) claims the class of what it wraps
+    return obj.__func__ if issubclass(type(obj), (staticmethod, classmethod)) else obj
+
+
+def shim_layers(obj: object) -> int:
+    """How many of our wrappers are stacked in `obj`, looking through any `__wrapped__` chain and
+    through a staticmethod/classmethod."""
+    layers = 0
+    obj = unwrap_descriptor(obj)
+    for _ in range(16):
+        if is_ours(obj):
+            layers += 1
+        try:
+            obj = getattr(obj, "__wrapped__", None)
+        except Exception:
+            break
+        if obj is None:
+            break
+    return layers
+
+
+def armed_layers(obj: object) -> int:
+    """Like `shim_layers`, counting only wrappers whose record is still armed."""
+    layers = 0
+    obj = unwrap_descriptor(obj)
+    for _ in range(16):
+        if type(obj) is ShimWrapper and obj._self_record.armed:
+            layers += 1
+        try:
+            obj = getattr(obj, "__wrapped__", None)
+        except Exception:
+            break
+        if obj is None:
+            break
+    return layers

@@ -1,0 +1,39 @@
+"""Shared pieces of the hostile tests: where the target modules live, and FP8-cached layers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+TARGETS = Path(__file__).resolve().parent / "targets"
+ALL_KINDS = (
+    "shim_targets:offload,shim_targets:Engine.offload@models,"
+    "shim_targets:Engine.static_offload,shim_targets:Engine.class_offload"
+)
+
+
+def use_targets() -> None:
+    """Put the target modules on the path (inside the fresh interpreter)."""
+    if str(TARGETS) not in sys.path:
+        sys.path.insert(0, str(TARGETS))
+
+
+def cached_layer() -> Any:
+    """A TE-layout linear (TE >= 1.8) whose `_fp8_workspaces` holds an entry, as after a forward."""
+    from harness import te_standins as te
+
+    layer = te.TELinearStandIn(8, 8)
+    te.fill_like_forward(layer)
+    assert layer._fp8_workspaces, "the stand-in must start with a cached entry"
+    return layer
+
+
+def write_module(directory: Path, name: str, source: str) -> None:
+    """A module file for tests that need many fresh modules, or one built for a single case."""
+    (directory / f"{name}.py").write_text(source)
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    import importlib
+
+    importlib.invalidate_caches()

@@ -1,0 +1,165 @@
+"""Scenarios 2 and 9: a forked child can always use the shim, and `uninstall()` leaves nothing
+that acts: not a wrapper someone wrapped again, not a Ray actor's method copy, not a patch that
+was landing while it ran."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile_util import ALL_KINDS, cached_layer, use_targets, write_module
+
+
+def _package_locks() -> list[tuple[str, Any]]:
+    """Every module-level `_lock` of the loaded package modules (however each one is made)."""
+    found = []
+    for name, module in list(sys.modules.items()):
+        if name == "te_offload_shim" or name.startswith("te_offload_shim."):
+            lock = vars(module).get("_lock")
+            if lock is not None and hasattr(lock, "__enter__"):
+                found.append((name, lock))
+    return found
+
+
+def _child_exit_status(pid: int, seconds: float) -> int | None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "fork_target:offload"})
+def test_a_child_forked_while_every_lock_is_held_can_patch_clear_and_report(tmp_path: Path) -> None:
+    """Scenario 2: fork at the worst moment, with each of the package's locks held by a thread
+    (as while another thread is inside a patch, a clearing, a log line or install())."""
+    import warnings
+
+    import te_offload_shim
+    from te_offload_shim import _log, _offload, _patch  # noqa: F401  (their locks are held too)
+
+    write_module(tmp_path, "fork_target", "def offload(models):\n    return 'offloaded'\n")
+    layer = cached_layer()
+    locks = _package_locks()
+    assert len(locks) >= 4, locks
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_all() -> None:
+        for _, lock in locks:
+            lock.__enter__()
+        holding.set()
+        release.wait()
+        for _, lock in reversed(locks):
+            lock.__exit__(None, None, None)
+
+    holder = threading.Thread(target=hold_all)
+    holder.start()
+    assert holding.wait(10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork() with threads running
+        pid = os.fork()
+    if pid == 0:  # the child: patch, clear, count, log, report; any hang fails the parent's wait
+        try:
+            target = importlib.import_module("fork_target")
+            target.offload([layer])
+            ok = layer._fp8_workspaces == {} and te_offload_shim.stats()["entries"] == 1
+            _log.warn_once("forked", "te_offload_shim: a warning from the forked child")
+            te_offload_shim.status()
+            te_offload_shim.uninstall()
+            os._exit(0 if ok else 3)
+        except BaseException:
+            os._exit(4)
+    try:
+        status = _child_exit_status(pid, 20)
+    finally:
+        release.set()
+        holder.join()
+    assert status == 0, f"the forked child {'hung' if status is None else f'exited {status}'}"
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ALL_KINDS})
+def test_uninstall_disarms_a_wrapper_that_something_wrapped_again() -> None:
+    """Scenario 9: a decorator (a profiler, a retry) wrapped our wrapper after the patch, so the
+    original cannot be put back in its place; it must stop clearing all the same."""
+    import te_offload_shim
+
+    use_targets()
+    import shim_targets as t
+
+    ours = t.offload
+    t.offload = functools.wraps(ours)(lambda models: ours(models))  # a profiler's wrapper holds ours
+    first = cached_layer()
+    t.offload([first])
+    assert first._fp8_workspaces == {}
+    te_offload_shim.uninstall()
+    second = cached_layer()
+    assert t.offload([second]) == "offloaded"
+    assert second._fp8_workspaces, "a disarmed wrapper must not clear"
+    assert te_offload_shim.stats()["calls"] == 1
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ALL_KINDS})
+def test_uninstall_restores_the_ray_actor_method_copies() -> None:
+    """Scenario 9: a @ray.remote class runs copies of its methods (wrapped in Ray's tracing
+    closure); the copies the shim wrapped in the worker are unwrapped by uninstall() too."""
+    import te_offload_shim
+    from te_offload_shim import ray_actors
+    from te_offload_shim._patch import shim_layers
+
+    use_targets()
+    import shim_targets as t
+
+    original = vars(t.Engine)["offload"].__wrapped__
+
+    @functools.wraps(original)
+    def traced_copy(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
+        return original(self, *args, **kwargs)
+
+    actor_class = type("ActorClass(Engine)", (t.Engine,), {"offload": traced_copy})
+    assert ray_actors.patch_copies(actor_class) == 1
+    assert shim_layers(vars(actor_class)["offload"]) == 1
+    layer = cached_layer()
+    actor_class().offload([layer])
+    assert layer._fp8_workspaces == {}
+    te_offload_shim.uninstall()
+    assert vars(actor_class)["offload"] is traced_copy, "the copy is put back"
+    assert shim_layers(vars(t.Engine)["offload"]) == 0
+
+
+@pytest.mark.subprocess(timeout=300)
+def test_no_patch_lands_after_uninstall_returns(tmp_path: Path) -> None:
+    """Scenario 9: a target imported on another thread while uninstall() runs is either patched
+    and then restored, or never patched; once uninstall() has returned, nothing is wrapped."""
+    from te_offload_shim._patch import shim_layers
+
+    rounds = 150
+    names = [f"race_{i}" for i in range(rounds)]
+    for name in names:
+        (tmp_path / f"{name}.py").write_text("def offload(models):\n    return 'offloaded'\n")
+    write_module(tmp_path, "race_probe", "")
+    os.environ["TE_OFFLOAD_SHIM_TARGETS"] = ",".join(f"{n}:offload" for n in names)
+    import te_offload_shim
+
+    sys.setswitchinterval(1e-6)
+    landed = []
+    for name in names:
+        te_offload_shim.install()
+        thread = threading.Thread(target=importlib.import_module, args=(name,))
+        thread.start()
+        te_offload_shim.uninstall()
+        thread.join()
+        if shim_layers(sys.modules[name].offload):
+            landed.append(name)
+    assert landed == [], f"{len(landed)} of {rounds} patches landed after uninstall() returned"

@@ -1,0 +1,317 @@
+"""Scenarios 1, 3, 4, 5, 10 and 15: the import system with the shim in it behaves as without it.
+
+Each test runs in a fresh interpreter: which modules are loaded, which finders are on the meta
+path and which threads import what is the whole point.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from hostile_util import cached_layer, use_targets, write_module
+
+VERL_ROUTE = {"VERL_USE_EXTERNAL_MODULES": "te_offload_shim"}
+
+
+@pytest.mark.subprocess(verl="0.8.0", env=VERL_ROUTE, timeout=300)
+def test_verl_external_modules_route_while_the_main_thread_imports_the_shim() -> None:
+    """Scenario 1: thread B imports verl's offload module, whose package imports the shim at its
+    end (VERL_USE_EXTERNAL_MODULES); meanwhile the main thread imports the shim for the first
+    time. Nobody may wait on anybody's import: both imports succeed, and the target is patched."""
+    import importlib._bootstrap as bootstrap
+
+    from harness.megatron_world import apply_cpu_quirks
+
+    apply_cpu_quirks()
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            import verl.utils.megatron_utils  # noqa: F401
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    name = "verl.utils.megatron_utils"
+    while name not in bootstrap._module_locks and thread.is_alive():  # B holds the target's lock
+        pass
+    assert "te_offload_shim" not in sys.modules, "B must still be in verl/__init__"
+    import te_offload_shim
+
+    thread.join(120)
+    assert not thread.is_alive() and errors == [], errors
+    import torch
+
+    mu = sys.modules[name]
+    assert te_offload_shim.status()["targets"][0]["state"] == "patched"
+    layer = cached_layer()
+    mu.offload_megatron_model_to_cpu([torch.nn.Sequential(layer)])  # verl's plain-module path
+    assert layer._fp8_workspaces == {}
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "imports_the_shim:offload"})
+def test_a_target_module_that_imports_the_shim_itself_is_patched_when_it_finishes() -> None:
+    """Scenario 3: the shim installs halfway through the target's own import."""
+    use_targets()
+    imports_the_shim = importlib.import_module("imports_the_shim")  # before the shim, which it imports
+    te_offload_shim = sys.modules["te_offload_shim"]
+
+    layer = cached_layer()
+    assert imports_the_shim.offload([layer]) == "offloaded"
+    assert layer._fp8_workspaces == {}, "cleared by the wrapper installed when the module finished"
+    rows = {r["name"]: r["state"] for r in te_offload_shim.status()["targets"]}
+    assert rows["imports_the_shim:offload"] == "patched"
+
+
+class _FrontFinder:
+    """A finder that puts itself first and serves one module, as pytest's assertion rewriter does
+    for the modules it rewrites."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.served = 0
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname != self.name:
+            return None
+        from importlib.machinery import PathFinder
+
+        self.served += 1
+        return PathFinder.find_spec(fullname, path)
+
+
+@pytest.mark.subprocess(activate=True, env={"TE_OFFLOAD_SHIM_TARGETS": "front_a:offload,front_b:offload"})
+def test_a_finder_put_in_front_of_ours_does_not_keep_a_target_unpatched(tmp_path: Path) -> None:
+    """Scenario 4: the shim is active from interpreter start, then a finder goes in front of ours."""
+    import te_offload_shim
+    from te_offload_shim._patch import shim_layers
+
+    assert te_offload_shim.installed()
+    source = "def offload(models):\n    return 'offloaded'\n"
+    write_module(tmp_path, "front_a", source)
+    write_module(tmp_path, "front_b", source)
+    write_module(tmp_path, "unrelated", "")
+    finder_a, finder_b = _FrontFinder("front_a"), _FrontFinder("front_b")
+    sys.meta_path.insert(0, finder_a)
+    importlib.import_module("unrelated")  # the process goes on importing, as pytest does after inserting its hook
+    front_a = importlib.import_module("front_a")
+
+    assert finder_a.served == 1 and shim_layers(front_a.offload) == 1, "served by the other finder, and patched"
+    # Worst case: the other finder goes in front and the target is the very next import.
+    sys.meta_path.insert(0, finder_b)
+    front_b = importlib.import_module("front_b")
+    assert finder_b.served == 1
+    importlib.import_module("json.tool")  # any later import of the process
+
+    assert shim_layers(front_b.offload) == 1, "patched at the process's next import at the latest"
+
+
+class _LegacyLoader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def load_module(self, fullname: str) -> object:
+        import types
+
+        module = types.ModuleType(fullname)
+        module.__loader__ = self
+        sys.modules[fullname] = module
+        exec(self.source, module.__dict__)
+        return module
+
+
+class _LegacyFinder:
+    """Only `find_module`, as finders written before Python 3.4 have (Python <= 3.11 uses them)."""
+
+    def find_module(self, fullname: str, path: object = None) -> object:
+        if fullname == "legacy_target":
+            return _LegacyLoader("SOURCE = 'legacy finder'\ndef offload(models):\n    return 'legacy'\n")
+        return None
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 dropped find_module finders")
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "legacy_target:offload"})
+def test_a_legacy_finder_still_serves_its_module_and_it_is_patched(tmp_path: Path) -> None:
+    """Scenario 4: the module a legacy finder serves is the one imported, with or without us."""
+    import warnings
+
+    write_module(tmp_path, "legacy_target", "SOURCE = 'disk'\ndef offload(models):\n    return 'disk'\n")
+    sys.meta_path.insert(0, _LegacyFinder())
+    te_offload_shim = importlib.import_module("te_offload_shim")
+    from te_offload_shim._patch import shim_layers
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ImportWarning)
+        legacy_target = importlib.import_module("legacy_target")
+    assert legacy_target.SOURCE == "legacy finder"
+    layer = cached_layer()
+    assert legacy_target.offload([layer]) == "legacy" and shim_layers(legacy_target.offload) == 1
+    assert layer._fp8_workspaces == {}
+    assert te_offload_shim.status()["hook_errors"] == []
+
+
+LAZY_SOURCE = """
+import builtins
+builtins.LAZY_RUNS = getattr(builtins, "LAZY_RUNS", 0) + 1
+raise ImportError("this lazy module must never be executed by the shim")
+"""
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "plain_target:offload"})
+def test_lazily_imported_modules_stay_unexecuted(tmp_path: Path) -> None:
+    """Scenario 5: patching rebinds aliases in every loaded module; a lazy one must not load."""
+    import builtins
+
+    write_module(tmp_path, "lazy_victim", LAZY_SOURCE)
+    write_module(tmp_path, "plain_target", "def offload(models):\n    return 'offloaded'\n")
+    spec = importlib.util.find_spec("lazy_victim")
+    assert spec is not None and spec.loader is not None
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    lazy = importlib.util.module_from_spec(spec)
+    sys.modules["lazy_victim"] = lazy
+    spec.loader.exec_module(lazy)
+    te_offload_shim = importlib.import_module("te_offload_shim")
+    plain_target = importlib.import_module("plain_target")
+    from te_offload_shim._patch import shim_layers
+
+    assert shim_layers(plain_target.offload) == 1
+    assert getattr(builtins, "LAZY_RUNS", 0) == 0, "the lazy module was executed"
+    rows = {r["name"]: r["state"] for r in te_offload_shim.status()["targets"]}
+    assert rows["plain_target:offload"] == "patched"
+    assert te_offload_shim.uninstall() == 1
+    assert not te_offload_shim.installed() and shim_layers(plain_target.offload) == 0
+    assert not any(type(f).__module__.startswith("te_offload_shim") for f in sys.meta_path)
+    assert getattr(builtins, "LAZY_RUNS", 0) == 0
+
+
+FAILING_SOURCE = """
+import builtins, threading
+builtins.FAILING_RUNS = getattr(builtins, "FAILING_RUNS", 0) + 1
+builtins.FAILING_STARTED.set()
+builtins.FAILING_GO.wait(5)
+raise RuntimeError("the application's import fails")
+"""
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "failing_target:offload"})
+def test_a_failed_import_on_another_thread_is_not_run_again(tmp_path: Path) -> None:
+    """Scenario 5: install() while a target's import runs on another thread, which then fails:
+    the module body ran once, and no half-built module is left behind."""
+    import builtins
+
+    write_module(tmp_path, "failing_target", FAILING_SOURCE)
+    builtins.FAILING_STARTED = threading.Event()  # type: ignore[attr-defined]
+    builtins.FAILING_GO = threading.Event()  # type: ignore[attr-defined]
+    failures: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            import failing_target  # noqa: F401
+        except RuntimeError as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert builtins.FAILING_STARTED.wait(10)  # type: ignore[attr-defined]
+    timer = threading.Timer(0.5, builtins.FAILING_GO.set)  # type: ignore[attr-defined]
+    timer.start()
+    import te_offload_shim
+
+    thread.join(30)
+    timer.join()
+    assert len(failures) == 1
+    assert builtins.FAILING_RUNS == 1, "the shim imported the failing module again"  # type: ignore[attr-defined]
+    assert "failing_target" not in sys.modules
+    assert te_offload_shim.installed()
+
+
+def _read_only_module_type() -> type:
+    """A module type whose `__loader__` cannot be assigned."""
+    import types
+
+    class ReadOnlyLoader(types.ModuleType):
+        @property
+        def __loader__(self) -> object:  # type: ignore[override]
+            return self.__dict__.get("_loader")
+
+        @__loader__.setter
+        def __loader__(self, value: object) -> None:
+            raise AttributeError("__loader__ is read-only in this module type")
+
+    return ReadOnlyLoader
+
+
+class _ReadOnlyFinder:
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+        if fullname != "readonly_target":
+            return None
+        import importlib.util
+
+        return importlib.util.spec_from_loader(fullname, _ReadOnlyModuleLoader())
+
+
+class _ReadOnlyModuleLoader:
+    def create_module(self, spec: object) -> object:
+        return _read_only_module_type()("readonly_target")
+
+    def exec_module(self, module: object) -> None:
+        exec("def offload(models):\n    return 'offloaded'\n", module.__dict__)
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "readonly_target:offload"})
+def test_an_import_that_works_without_the_shim_works_with_it() -> None:
+    """Scenario 10: our loader must not assume it may set attributes on the module."""
+    sys.meta_path.append(_ReadOnlyFinder())
+    te_offload_shim = importlib.import_module("te_offload_shim")
+    readonly_target = importlib.import_module("readonly_target")
+    from te_offload_shim._patch import shim_layers
+
+    assert readonly_target.offload([]) == "offloaded" and shim_layers(readonly_target.offload) == 1
+    assert te_offload_shim.status()["hook_errors"] == []
+
+
+class _NoOpFinder:
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        return None
+
+
+@pytest.mark.subprocess(timeout=300)
+def test_uninstall_does_not_break_an_import_in_flight_on_another_thread(tmp_path: Path) -> None:
+    """Scenario 15: install/uninstall in a loop while another thread imports 400 fresh modules.
+
+    The meta path is long (other finders before the path finder), so an in-place edit made while
+    the import system walks it makes that walk skip a finder."""
+    import te_offload_shim
+
+    for i in range(400):
+        (tmp_path / f"fresh_{i}.py").write_text(f"VALUE = {i}\n")
+    write_module(tmp_path, "fresh_probe", "")
+    sys.meta_path[1:1] = [_NoOpFinder() for _ in range(40)]
+    sys.setswitchinterval(1e-6)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def importer() -> None:
+        try:
+            for i in range(400):
+                importlib.import_module(f"fresh_{i}")
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=importer)
+    thread.start()
+    cycles = 0
+    while not done.is_set():
+        te_offload_shim.install()
+        te_offload_shim.uninstall()
+        cycles += 1
+    thread.join()
+    assert failures == [], f"{failures[0]!r} after {cycles} install/uninstall cycles"

@@ -1,0 +1,86 @@
+"""Scenario 14: when the shim does not work, it says so: a target that cannot be patched logs one
+WARNING when its module is imported and makes `status` unhealthy; unknown switch values and
+unknown names warn; the run-time switches do what they are documented to do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, child_env
+from hostile_util import cached_layer, use_targets, write_module
+
+BAD_TARGETS = "shim_targets:offload@model,shim_targets:ofload"
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": BAD_TARGETS})
+def test_a_target_that_cannot_be_patched_warns_once_on_import(caplog: pytest.LogCaptureFixture) -> None:
+    import importlib
+
+    import te_offload_shim
+
+    use_targets()
+    with caplog.at_level("WARNING", logger="te_offload_shim"):
+        importlib.import_module("shim_targets")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2, warnings
+    assert any("shim_targets:offload" in w and "names no parameter" in w for w in warnings)
+    assert any("shim_targets:ofload" in w and "has no attribute ofload" in w for w in warnings)
+    states = {r["name"]: r["state"] for r in te_offload_shim.status()["targets"]}
+    assert states["shim_targets:offload"].startswith("error: models spec 'model'")
+    assert states["shim_targets:ofload"] == "absent"
+
+
+def _status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    full = child_env(env, path=[Path(__file__).resolve().parent / "targets"])
+    command = [sys.executable, "-m", "te_offload_shim", "status", "--json", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=full, cwd=REPO, timeout=120)
+
+
+def test_status_is_unhealthy_for_a_target_that_cannot_be_patched() -> None:
+    proc = _status({"TE_OFFLOAD_SHIM_TARGETS": BAD_TARGETS}, "--import")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and not report["healthy"]
+    problems = " ".join(report["problems"])
+    assert "shim_targets:offload" in problems and "names no parameter" in problems
+    assert "shim_targets:ofload" in problems and "ofload" in problems
+
+
+@pytest.mark.parametrize(
+    ("switch", "value", "expected"),
+    [
+        ("TE_OFFLOAD_SHIM", "maybe", "TE_OFFLOAD_SHIM='maybe' is not 1/0"),
+        ("TE_OFFLOAD_SHIM_DISABLE", "verll", "TE_OFFLOAD_SHIM_DISABLE names 'verll', which is no target"),
+        ("TE_OFFLOAD_SHIM_STRICT", "please", "TE_OFFLOAD_SHIM_STRICT='please' is not 1/0"),
+    ],
+)
+def test_unknown_switch_values_warn_at_import(switch: str, value: str, expected: str) -> None:
+    code = "import te_offload_shim; print(te_offload_shim.installed())"
+    env = child_env({switch: value})
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip() == "True"
+    assert proc.stderr.count(expected) == 1, proc.stderr
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "switch_target:offload"})
+def test_switches_set_in_a_running_process_apply_to_the_next_offload(tmp_path: Path) -> None:
+    import importlib
+    import os
+
+    import te_offload_shim
+
+    write_module(tmp_path, "switch_target", "def offload(models):\n    return 'offloaded'\n")
+    target = importlib.import_module("switch_target")
+    for switch, value in (("TE_OFFLOAD_SHIM", "0"), ("TE_OFFLOAD_SHIM_DISABLE", "switch_target:offload")):
+        os.environ[switch] = value
+        layer = cached_layer()
+        assert target.offload([layer]) == "offloaded"
+        assert layer._fp8_workspaces, f"{switch}={value} set at run time must leave the next offload alone"
+        del os.environ[switch]
+    layer = cached_layer()
+    target.offload([layer])
+    assert layer._fp8_workspaces == {}, "and switched back on, it clears again"
+    assert te_offload_shim.stats()["entries"] == 1
