@@ -4,6 +4,8 @@ A buffer knows its parameters, not its modules. Its owner is a megatron `Distrib
 (`ddp.buffers` / `ddp.expert_parallel_buffers`). Owners are found once, at the first offload of an
 unknown buffer, by one pass over the garbage collector's objects, then remembered weakly: so it
 works for a DDP built before or after the shim was activated, and costs nothing per training step.
+A buffer without an owner (none found, or its DDP collected) is remembered as such and never
+searched for again.
 """
 
 from __future__ import annotations
@@ -58,18 +60,26 @@ def owner_of(buffer: Any) -> Any:
     """The DDP that holds `buffer`, or None.
 
     A buffer is built inside its DDP's `__init__`, so one that no DDP holds at its first offload
-    never will (Megatron-FSDP, a user's own): remember that, or every offload would scan again."""
+    never will (Megatron-FSDP, a user's own), and one whose DDP is gone never will again: remember
+    both, or every offload would scan the whole heap again."""
+    with _lock:
+        if buffer in _orphans:
+            return None
+        ref = _owners.get(buffer)
+        if ref is not None:
+            owner = ref()
+            if owner is None:
+                del _owners[buffer]
+                _orphans.add(buffer)
+            return owner
+    _scan()
     with _lock:
         ref = _owners.get(buffer)
-        if ref is None and buffer in _orphans:
-            return None
-    if ref is None or ref() is None:
-        _scan()
-        with _lock:
-            ref = _owners.get(buffer)
-            if ref is None:
-                _orphans.add(buffer)
-    return ref() if ref is not None else None
+        owner = ref() if ref is not None else None
+        if owner is None:
+            _owners.pop(buffer, None)
+            _orphans.add(buffer)
+    return owner
 
 
 def modules_of_buffer(buffer: Any) -> tuple[Any, list[Any]]:

@@ -22,8 +22,9 @@ them is `te_bytes`'s job.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _config, te_bytes
 from ._log import warn_once
@@ -101,29 +102,74 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
-def as_chunks(models: object) -> list[Any]:
-    """The model chunks in `models`: a module, a list/tuple of modules, None or any iterable."""
+def as_chunks(models: object) -> tuple[list[Any], str | None]:
+    """The model chunks in `models`, and why `models` was not looked into (None when it was).
+
+    Only a module (one chunk), a list or a tuple (subclasses too) are looked into, a list or tuple
+    through `list.__iter__` / `tuple.__iter__`: the offload iterates `models` itself right after
+    us, so iterating anything else (a generator, a class whose `__iter__` drains a queue, an
+    overridden `__iter__`) could change what it then sees. A value that is not iterable at all is
+    passed over in silence: the offload raises its own error for it."""
     torch = _torch()
     if models is None or torch is None:
-        return []
+        return [], None
     module_type = torch.nn.Module
     if isinstance(models, module_type):
-        return [models]
+        return [models], None
+    kind = type(models)
+    if issubclass(kind, list):
+        items: Iterator[Any] = list.__iter__(models)  # type: ignore[arg-type]
+    elif issubclass(kind, tuple):
+        items = tuple.__iter__(models)  # type: ignore[arg-type]
+    elif getattr(kind, "__iter__", None) is not None or getattr(kind, "__getitem__", None) is not None:
+        return [], _not_iterated(models)
+    else:
+        return [], None
+    return [m for m in items if isinstance(m, module_type)], None
+
+
+def _not_iterated(models: object) -> str:
+    kind = type(models)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    what = f"a one-shot iterator ({name})" if isinstance(models, Iterator) else f"a {name}"
+    warn_once(
+        f"not-iterated:{name}",
+        "te_offload_shim: models given as %s; FP8 caches not cleared: the shim looks only into a module, a list "
+        "or a tuple, since iterating anything else could change what the offload sees. Pass a list.",
+        what,
+    )
+    return f"models is {what}, not a module, list or tuple: not iterated, nothing cleared"
+
+
+class _Tree(NamedTuple):
+    """What one walk over a chunk found."""
+
+    modern: list[tuple[Any, dict]]
+    legacy: list[tuple[Any, dict]]
+    graph_mark: str | None
+    unreadable: list[tuple[Any, Exception]]  # modules reading which raised: left alone, reported
+
+
+def _child_modules(module: Any) -> list[tuple[str, Any]]:
+    """(name, child) of `module`, even when its class overrides `__dict__`: the generic attribute
+    lookup reads the instance dict directly, never through a `__dict__` property."""
     try:
-        items = iter(models)  # type: ignore[call-overload]
-    except TypeError:
-        return []  # not ours to complain about: the offload itself says what is wrong with it
-    return [m for m in items if isinstance(m, module_type)]
+        children = object.__getattribute__(module, "_modules")
+        return [(k, v) for k, v in children.items() if v is not None] if isinstance(children, dict) else []
+    except Exception:
+        return []
 
 
-def _walk(chunk: Any) -> tuple[list[tuple[Any, dict]], list[tuple[Any, dict]], str | None]:
+def _walk(chunk: Any) -> _Tree:
     """One pass over the module tree reading instance dicts only.
 
     `getattr(module, "_fp8_workspaces", None)` on a non-TE module goes through
     `nn.Module.__getattr__` and raises inside it; reading `__dict__` avoids that. This loop runs
-    once per module of a model of up to millions of modules, hence the local aliases."""
+    once per module of a model of up to millions of modules, hence the local aliases. A module
+    that cannot be read costs only itself: its children are still walked."""
     modern: list[tuple[Any, dict]] = []
     legacy: list[tuple[Any, dict]] = []
+    unreadable: list[tuple[Any, Exception]] = []
     graph_mark = None
     seen: set[int] = set()
     stack = [chunk]
@@ -133,19 +179,23 @@ def _walk(chunk: Any) -> tuple[list[tuple[Any, dict]], list[tuple[Any, dict]], s
         if module is None or id(module) in seen:
             continue
         mark_seen(id(module))
-        d = module.__dict__
-        if WORKSPACES in d:
-            modern.append((module, d))
-        elif LEGACY_MARKER in d:
-            legacy.append((module, d))
-        children = d.get("_modules")
-        if children:
-            push(children.values())
-            if graph_mark is None and children.get(_GRAPH_SUBMODULE) is not None:
-                graph_mark = f"{type(module).__name__}.{_GRAPH_SUBMODULE} is set"
-        if graph_mark is None and _GRAPH_LIST in d and d[_GRAPH_LIST]:
-            graph_mark = f"{type(module).__name__}.{_GRAPH_LIST} holds captured graphs"
-    return modern, legacy, graph_mark
+        try:
+            d = module.__dict__
+            children = d.get("_modules")
+            if children:
+                if graph_mark is None and children.get(_GRAPH_SUBMODULE) is not None:
+                    graph_mark = f"{type(module).__name__}.{_GRAPH_SUBMODULE} is set"
+                push(children.values())
+            if graph_mark is None and _GRAPH_LIST in d and d[_GRAPH_LIST]:
+                graph_mark = f"{type(module).__name__}.{_GRAPH_LIST} holds captured graphs"
+            if WORKSPACES in d:
+                modern.append((module, d))
+            elif LEGACY_MARKER in d:
+                legacy.append((module, d))
+        except Exception as exc:
+            unreadable.append((module, exc))
+            push(child for _, child in _child_modules(module))
+    return _Tree(modern, legacy, graph_mark, unreadable)
 
 
 def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
@@ -168,11 +218,41 @@ def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
     return graph_mark
 
 
-def _module_name(chunk_index: int, chunk: Any, module: Any) -> str:
-    for name, sub in chunk.named_modules():
-        if sub is module:
-            return f"chunk{chunk_index}.{name}" if name else f"chunk{chunk_index}"
-    return f"chunk{chunk_index}.<{type(module).__name__}>"
+class _Names:
+    """Names of a chunk's modules for skip and error records, as `named_modules()` gives them.
+
+    Worked out only when a record needs one, and without recursion: `named_modules()` recurses, so
+    it raises RecursionError on a tree deeper than the recursion limit. One pass stores each
+    module's parent link; a name is then put together by following the links up."""
+
+    def __init__(self, index: int, chunk: Any) -> None:
+        self.prefix = f"chunk{index}"
+        self._chunk = chunk
+        self._links: dict[int, tuple[int, str] | None] | None = None
+
+    def _link_all(self) -> dict[int, tuple[int, str] | None]:
+        links: dict[int, tuple[int, str] | None] = {}
+        stack: list[tuple[Any, tuple[int, str] | None]] = [(self._chunk, None)]
+        while stack:  # pre-order, children in order: a shared module keeps its first name
+            module, link = stack.pop()
+            if id(module) in links:
+                continue
+            links[id(module)] = link
+            stack.extend((child, (id(module), key)) for key, child in reversed(_child_modules(module)))
+        return links
+
+    def __call__(self, module: Any) -> str:
+        if self._links is None:
+            self._links = self._link_all()
+        if id(module) not in self._links:
+            return f"{self.prefix}.<{type(module).__name__}>"
+        keys = []
+        link = self._links[id(module)]
+        while link is not None:
+            parent, key = link
+            keys.append(key)
+            link = self._links[parent]
+        return ".".join([self.prefix, *reversed(keys)])
 
 
 def _allocated(torch: Any) -> int | None:
@@ -211,25 +291,41 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
     before = _allocated(torch) if clear else None
     counted: set[int] = set()
     param_ids = None if params is None else {id(p) for p in params}
-    for index, chunk in enumerate(as_chunks(models)):
-        modern, legacy, graph_mark = _walk(chunk)
+    chunks, refused = as_chunks(models)
+    if refused is not None:
+        report.skipped.append(Skipped("models", refused))
+    for index, chunk in enumerate(chunks):
+        names = _Names(index, chunk)
+        tree = _walk(chunk)
+        for module, exc in tree.unreadable:
+            _unreadable(report, names(module), "reading the module", exc)
+        modern, legacy = tree.modern, tree.legacy
         if param_ids is not None:
-            modern = [(m, d) for m, d in modern if _owns_any(d, param_ids)]
-            legacy = [(m, d) for m, d in legacy if _owns_any(d, param_ids)]
+            modern = _owned(modern, param_ids, names, report)
+            legacy = _owned(legacy, param_ids, names, report)
         for module, d in legacy:
-            sizes = te_bytes.storages([d.get(a) for a in LEGACY_ATTRS], torch)
+            try:
+                sizes = te_bytes.storages([d.get(a) for a in LEGACY_ATTRS], torch)
+                entries = sum(1 for a in LEGACY_ATTRS if d.get(a) is not None)
+            except Exception as exc:
+                _unreadable(report, names(module), "reading its TE < 1.8 caches", exc)
+                continue
             report.skipped.append(
                 Skipped(
-                    _module_name(index, chunk, module),
+                    names(module),
                     "TE < 1.8 cache layout (weight*_fp8): clearing is unsafe, left in place",
-                    sum(1 for a in LEGACY_ATTRS if d.get(a) is not None),
+                    entries,
                     sum(sizes.values()),
                 )
             )
         live = [(m, d[WORKSPACES]) for m, d in modern if _nonempty(d[WORKSPACES])]
         if not live:
             continue
-        reason = None if _config.force_with_cuda_graphs() else cuda_graph_reason(chunk, graph_mark)
+        try:
+            reason = None if _config.force_with_cuda_graphs() else cuda_graph_reason(chunk, tree.graph_mark)
+        except Exception as exc:  # not knowing whether graphs replay into the caches: leave them
+            _unreadable(report, names.prefix, "reading its CUDA graph settings", exc)
+            continue
         if reason is not None:
             warn_once(
                 f"cuda-graphs:{reason}",
@@ -241,7 +337,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
             report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(_count(w) for _, w in live)))
             continue
         for module, workspaces in live:
-            _clear_module(index, chunk, module, workspaces, torch, clear, counted, report)
+            _clear_module(names, module, workspaces, torch, clear, counted, report)
     if clear and before is not None:
         after = _allocated(torch)
         report.released_bytes = before - after if after is not None else None
@@ -250,9 +346,34 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
     return report
 
 
+def _unreadable(report: CacheReport, where: str, doing: str, exc: Exception) -> None:
+    """One module (or chunk) that could not be read: left alone and reported, the others go on."""
+    report.skipped.append(Skipped(where, f"{doing} raised {type(exc).__name__}: {exc}"))
+    report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
+    warn_once(
+        f"unreadable:{doing}:{type(exc).__name__}",
+        "te_offload_shim: %s at %s raised %r; its caches are left in place, the other layers are still cleared",
+        doing,
+        where,
+        exc,
+    )
+
+
+def _owned(
+    found: list[tuple[Any, dict]], param_ids: set[int], names: _Names, report: CacheReport
+) -> list[tuple[Any, dict]]:
+    owned = []
+    for module, d in found:
+        try:
+            if _owns_any(d, param_ids):
+                owned.append((module, d))
+        except Exception as exc:
+            _unreadable(report, names(module), "reading its parameters", exc)
+    return owned
+
+
 def _clear_module(
-    index: int,
-    chunk: Any,
+    names: _Names,
     module: Any,
     workspaces: Any,
     torch: Any,
@@ -261,7 +382,7 @@ def _clear_module(
     report: CacheReport,
 ) -> None:
     if not isinstance(workspaces, dict):
-        where = _module_name(index, chunk, module)
+        where = names(module)
         reason = f"{WORKSPACES} is a {type(workspaces).__name__}, not a dict"
         warn_once("not-dict", "te_offload_shim: %s at %s; left alone", reason, where)
         report.skipped.append(Skipped(where, reason))
@@ -270,7 +391,7 @@ def _clear_module(
         values = list(workspaces.values())
         entries = len(values)
     except Exception as exc:
-        where = _module_name(index, chunk, module)
+        where = names(module)
         report.skipped.append(Skipped(where, f"reading {WORKSPACES} raised {type(exc).__name__}: {exc}"))
         report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
         warn_once(
@@ -296,7 +417,7 @@ def _clear_module(
                 for key in list(workspaces):
                     workspaces.pop(key)
         except Exception as exc:
-            where = _module_name(index, chunk, module)
+            where = names(module)
             report.skipped.append(Skipped(where, f"clearing {WORKSPACES} raised {type(exc).__name__}: {exc}", entries))
             report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
             warn_once(

@@ -279,12 +279,15 @@ def test_nothing_to_clear(models: Any) -> None:
     assert (report.entries, report.bytes, report.skipped, report.errors) == (0, 0, [], [])
 
 
-def test_generator_and_single_module_and_shared_submodules() -> None:
+def test_generator_refused_and_single_module_and_shared_submodules() -> None:
     layer = te.TELinearStandIn(8, 8)
     te.fill_like_forward(layer)
     twice = torch.nn.Sequential(layer, layer)  # one module reachable twice is one module
     assert scan(twice).modules == 1
-    assert clear_fp8_workspaces(m for m in [twice]).entries == 1
+    refused = clear_fp8_workspaces(m for m in [twice])  # a generator is never iterated by the shim
+    assert refused.entries == 0 and [s.where for s in refused.skipped] == ["models"]
+    assert "one-shot iterator (generator)" in refused.skipped[0].reason and layer._fp8_workspaces
+    assert clear_fp8_workspaces([twice]).entries == 1
 
 
 def test_report_as_dict_round_trips_the_fields() -> None:

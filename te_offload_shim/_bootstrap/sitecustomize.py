@@ -2,6 +2,9 @@
 below it (torchrun ranks, a Ray cluster started by `ray.init()`, multiprocessing spawn children)
 imports this module at start-up: it activates the shim, then runs the sitecustomize it shadows.
 
+This folder is all that `run` adds to any interpreter's path: an interpreter without the package
+(another Python version, a system python) starts as it would without `run`, saying nothing.
+
 Only one module named `sitecustomize` is ever imported, and Debian's Python (and many images)
 ship one, so the one further down sys.path must still run, exactly as if we were not here.
 """
@@ -17,15 +20,12 @@ def _activate() -> None:
         return
     try:
         __import__("te_offload_shim")  # importing installs it
-    except ImportError:
-        # This interpreter lacks the package (say, a system python run with our PYTHONPATH):
-        # use the copy this folder belongs to, appended last so that it shadows nothing.
-        sys.path.append(os.path.dirname(os.path.dirname(_HERE)))
-        try:
-            __import__("te_offload_shim")
-        except Exception:
-            pass
-    except Exception:  # the shim must never stop an interpreter from starting
+    except Exception:
+        # Never fall back to the copy this folder belongs to: its environment's site-packages
+        # (wrapt, C extensions) were built for the interpreter that ran `run`, maybe not this one
+        # (`te-offload-shim run -- python3.12 ...` from a 3.11 venv). Where the package is not
+        # installed, this interpreter runs without the shim, silently, as it would without `run`;
+        # nor may the shim ever stop an interpreter from starting.
         pass
 
 
