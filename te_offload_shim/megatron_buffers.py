@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import gc
 import sys
-import threading
 import weakref
 from typing import Any
 
+from ._locks import Lock
+
 _owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 _orphans: weakref.WeakSet[Any] = weakref.WeakSet()
-_lock = threading.Lock()
+_lock = Lock()  # fork-safe, like every lock of the package
 _DDP_MODULES = (
     "megatron.core.distributed.distributed_data_parallel",
     "megatron.core.distributed",
