@@ -144,17 +144,17 @@ def test_no_patch_lands_after_uninstall_returns(tmp_path: Path) -> None:
     and then restored, or never patched; once uninstall() has returned, nothing is wrapped."""
     from te_offload_shim._patch import shim_layers
 
-    rounds = 150
+    rounds = 100
     names = [f"race_{i}" for i in range(rounds)]
     for name in names:
         (tmp_path / f"{name}.py").write_text("def offload(models):\n    return 'offloaded'\n")
     write_module(tmp_path, "race_probe", "")
-    os.environ["TE_OFFLOAD_SHIM_TARGETS"] = ",".join(f"{n}:offload" for n in names)
     import te_offload_shim
 
-    sys.setswitchinterval(1e-6)
+    sys.setswitchinterval(1e-5)
     landed = []
     for name in names:
+        os.environ["TE_OFFLOAD_SHIM_TARGETS"] = f"{name}:offload"  # read by install()
         te_offload_shim.install()
         thread = threading.Thread(target=importlib.import_module, args=(name,))
         thread.start()
