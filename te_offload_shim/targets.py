@@ -169,6 +169,31 @@ def _releases_weights(call: "Mapping[str, Any]") -> "bool":
     return not tags or "weights" in tags
 
 
+def _code_touches_workspaces(code: "Any") -> "bool":
+    """Whether a code object (or one nested in it) names `_fp8_workspaces`, as an attribute
+    (`m._fp8_workspaces`) or a string (`getattr(m, "_fp8_workspaces")`)."""
+    if "_fp8_workspaces" in code.co_names or "_fp8_workspaces" in code.co_consts:
+        return True
+    return any(_code_touches_workspaces(c) for c in code.co_consts if hasattr(c, "co_names"))
+
+
+def _module_clears_workspaces(module: "ModuleType") -> "bool":
+    """Upstream clears the caches itself: a function or method defined in the offload's module
+    touches `_fp8_workspaces` (how verl's own fix, PR #6952, reads; copies of verl's offload such as
+    ms-swift's or SkyRL's would take the same fix). Reads compiled code, imports nothing."""
+    for value in list(vars(module).values()):
+        if getattr(value, "__module__", None) != module.__name__:
+            continue
+        members = vars(value).values() if isinstance(value, type) else (value,)
+        for member in members:
+            func = getattr(member, "__func__", member)  # staticmethod / classmethod
+            func = getattr(func, "__wrapped__", func)  # torch.no_grad() and other decorators
+            code = getattr(func, "__code__", None)
+            if code is not None and _code_touches_workspaces(code):
+                return True
+    return False
+
+
 def _megatron_buffer_modules(buffer: "Any") -> "Any":
     from .megatron_buffers import modules_of_buffer
 
@@ -285,6 +310,79 @@ BUILTIN: "tuple[Target, ...]" = (
         distribution="miles",
         versions="before PR #2142, or with its flag off",
         step_aside=_miles_clears_itself,
+    ),
+    Target(
+        "ms-swift",
+        "swift.megatron.trainers.utils",
+        "offload_megatron_model_to_cpu",
+        "models",
+        distribution="ms-swift",
+        versions="3.11.0 - 4.6.0 (a copy of verl's pre-fix offload; flushes through swift.utils.empty_cache)",
+        fixed_upstream=_module_clears_workspaces,
+    ),
+    Target(
+        "skyrl",
+        "skyrl.backends.skyrl_train.distributed.megatron.megatron_utils",
+        "offload_megatron_model_to_cpu",
+        "models",
+        distribution="skyrl",
+        versions="0.1.0 - 0.3.0 (DDP chunks go through megatron-core's buffer offload, plain chunks do not)",
+        fixed_upstream=_module_clears_workspaces,
+    ),
+    Target(
+        "skyrl-train",
+        "skyrl_train.distributed.megatron.megatron_utils",
+        "offload_megatron_model_to_cpu",
+        "models",
+        distribution="skyrl-train",
+        versions="skyrl-train 0.2.0 - 0.4.0 (git tags; before the package became skyrl.backends.skyrl_train)",
+        fixed_upstream=_module_clears_workspaces,
+    ),
+    Target(
+        "rlinf",
+        "rlinf.hybrid_engines.megatron.megatron_model_manager",
+        "MegatronModelManager.offload_model_weights_and_grad",
+        "self.model",
+        distribution="rlinf",
+        versions="0.1 - 0.3.0 (MegatronWorker, MegatronSftWorker inherit it)",
+        when=_truthy("offload_weight"),
+        fixed_upstream=_module_clears_workspaces,
+    ),
+    Target(
+        "chatlearn",
+        "chatlearn.models.megatron.memory_manager.trainer",
+        "TrainerMemoryManager.offload_weights",
+        "self._model",
+        distribution="pai-chatlearn",
+        versions="1.2.0 - main (the caller, TorchModule.offload, flushes after it)",
+        fixed_upstream=_module_clears_workspaces,
+    ),
+    Target(
+        "chatlearn-inference",
+        "chatlearn.models.megatron.memory_manager.inference",
+        "InferenceMemoryManager.offload_weights",
+        "self._model",
+        distribution="pai-chatlearn",
+        versions="1.2.0 - main (reference / reward models; flushed by the same caller)",
+        fixed_upstream=_module_clears_workspaces,
+    ),
+    Target(
+        "relax",
+        "relax.backends.megatron.actor",
+        "MegatronTrainRayActor.sleep",
+        "self.model",
+        distribution="relax",
+        versions="main, no release (clear_memory, then torch_memory_saver.pause)",
+        fixed_upstream=_module_clears_workspaces,
+    ),
+    Target(
+        "relax-selective",
+        "relax.backends.megatron.weight_update.train_offload",
+        "_SelectiveOffloadStrategy.offload",
+        "self.model",
+        distribution="relax",
+        versions="main since the selective offload (--selective-offload, or no torch_memory_saver)",
+        fixed_upstream=_module_clears_workspaces,
     ),
 )
 
