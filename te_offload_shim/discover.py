@@ -13,9 +13,10 @@ allocator, in the same body:
 - and the module imports `megatron`, or the function names `param_data` / `DistributedDataParallel`
   (keeps FSDP and plain-torch offloads out).
 
-A candidate is "covered" when a table entry (or `TE_OFFLOAD_SHIM_TARGETS`) names it, or when its
-module already touches `_fp8_workspaces` (it clears the caches itself: the rule the table's
-`fixed_upstream` checks use). Known limits are in the README ("Finding offload functions").
+A candidate is "covered" when a table entry (or `TE_OFFLOAD_SHIM_TARGETS`) names it, when it only
+calls offload functions named like table entries, or when it clears the caches itself (its body, or
+a function of its module it calls by name, touches `_fp8_workspaces`). Known limits are in the README
+("Finding offload functions the table does not know").
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import TextIO
 FLUSH_CALLS = frozenset({"empty_cache", "clear_memory", "gc_collect", "aggressive_empty_cache"})
 _SAVER_HINT = "memory_saver"
 _TEXT_FLUSH = ("empty_cache", "clear_memory", "gc_collect", "pause(")
-_TEXT_MOVE = ("resize_", "offload_to_cpu", "cpu", "pause(")
+_TEXT_MOVE = ("resize_", "offload", "cpu", "pause(", "move_model")
 _MODEL_NAMES = ("param_data", "DistributedDataParallel")
 _CACHE_ATTR = "_fp8_workspaces"
 
@@ -45,7 +46,8 @@ class Candidate:
     where: str  # a guess at the `where` spec; "" means the first argument
     covered: bool = False
     covered_by: str = ""  # a table entry's name, "TE_OFFLOAD_SHIM_TARGETS" or "clears _fp8_workspaces itself"
-    extra: dict[str, str] = field(default_factory=dict)
+    delegates: list[str] = field(default_factory=list)  # offload functions it calls for the move
+    delegates_only: bool = False  # every move it makes is such a call
 
     @property
     def spec(self) -> str:
@@ -85,6 +87,26 @@ def _is_cpu_move(value: ast.AST) -> bool:
     return False
 
 
+def _delegated_move(name: str, call: ast.Call) -> bool:
+    """A call to another offload function of the model's weights: `offload_megatron_model_to_cpu(m)`,
+    `offload_megatron_no_grad_module(...)`, `self.move_model(m, "cpu")` (not optimizer or grads, not
+    `move_params=False`)."""
+    lower = name.lower()
+    if not ("offload" in lower or lower.startswith("move_model")) or "optimizer" in lower or "copy_param" in lower:
+        return False
+    if lower.endswith(("grads", "grad_buffers", "_grad", "to_gpu")):
+        return False
+    if not any(word in lower for word in ("model", "module", "weight", "param")):
+        return False
+    for keyword in call.keywords:
+        if keyword.arg == "move_params" and isinstance(keyword.value, ast.Constant) and not keyword.value.value:
+            return False
+    if lower.startswith("move_model"):  # a mover in both directions: only towards the CPU
+        values = [*call.args, *(k.value for k in call.keywords)]
+        return any(isinstance(v, ast.Constant) and v.value == "cpu" for v in values)
+    return True
+
+
 def _saver_pause(call: ast.Call) -> bool:
     return _call_name(call) == "pause" and _SAVER_HINT in _text(call.func)
 
@@ -97,6 +119,8 @@ class _Body(ast.NodeVisitor):
         self.flushes: list[str] = []
         self.names: set[str] = set()
         self.self_attrs: list[str] = []
+        self.delegates: list[str] = []  # callees that do the move (another offload function)
+        self.called: set[str] = set()  # names of the functions and methods it calls
 
     def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
         return None
@@ -117,6 +141,7 @@ class _Body(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         name = _call_name(node)
+        self.called.add(name)
         if name == "offload_to_cpu" and isinstance(node.func, ast.Attribute):
             receiver = _text(node.func.value)
             move_params = next((k.value for k in node.keywords if k.arg == "move_params"), None)
@@ -127,6 +152,9 @@ class _Body(ast.NodeVisitor):
             storage = node.func.value if isinstance(node.func, ast.Attribute) else None
             if isinstance(storage, ast.Call) and _call_name(storage) in ("storage", "untyped_storage"):
                 self.moves.append(f"{_call_name(storage)}().resize_(0)")
+        elif _delegated_move(name, node):
+            self.moves.append(f"{name}(...)")
+            self.delegates.append(name)
         elif _saver_pause(node):
             self.moves.append("torch_memory_saver.pause()")
             self.flushes.append("torch_memory_saver.pause()")
@@ -193,7 +221,7 @@ def scan_source(source: str, module: str, filename: str) -> list[Candidate]:
     except (SyntaxError, ValueError):
         return []
     megatron = _imports_megatron(tree)
-    clears = None
+    clearing: set[str] | None = None
     found: list[Candidate] = []
     for qualname, func, is_method in _functions(tree):
         body = _Body()
@@ -203,8 +231,8 @@ def scan_source(source: str, module: str, filename: str) -> list[Candidate]:
             continue
         if not megatron and not body.names.intersection(_MODEL_NAMES):
             continue
-        if clears is None:
-            clears = _touches_cache(tree)
+        if clearing is None:
+            clearing = {q.rpartition(".")[2] for q, f, _ in _functions(tree) if _touches_cache(f)}
         moves = ", ".join(dict.fromkeys(body.moves))
         flushes = ", ".join(dict.fromkeys(body.flushes))
         candidate = Candidate(
@@ -213,8 +241,12 @@ def scan_source(source: str, module: str, filename: str) -> list[Candidate]:
             func.lineno,
             f"moves weights ({moves}) and flushes ({flushes})",
             _guess_where(func, body, is_method),
+            delegates=list(dict.fromkeys(body.delegates)),
+            delegates_only=bool(body.delegates) and len(body.delegates) == len(body.moves),
         )
-        if clears:
+        # it clears the caches itself: in its own body, or in a function of its module that it calls
+        # by name (verl 0.9's `_clear_te_fp8_weight_workspaces(model_chunk)`)
+        if _touches_cache(func) or body.called.intersection(clearing):
             candidate.covered, candidate.covered_by = True, f"clears {_CACHE_ATTR} itself"
         found.append(candidate)
     return found
@@ -295,13 +327,20 @@ def mark_covered(candidates: list[Candidate]) -> None:
     from . import _config
     from .targets import BUILTIN, parse_user_targets
 
-    table = {t.path: t.name for t in BUILTIN}
     user, _ = parse_user_targets(os.environ.get(_config.TARGETS, ""))
+    table = {t.path: t.name for t in BUILTIN}
     table.update({t.path: _config.TARGETS for t in user})
+    wrapped_names = {t.attribute.rpartition(".")[2] for t in (*BUILTIN, *user)}
     for candidate in candidates:
+        if candidate.covered:
+            continue
         name = table.get(candidate.target)
-        if name and not candidate.covered:
+        if name:
             candidate.covered, candidate.covered_by = True, name
+            continue
+        # it only calls other offload functions, each named like one the table wraps: cleared in there
+        if candidate.delegates_only and wrapped_names.issuperset(candidate.delegates):
+            candidate.covered, candidate.covered_by = True, f"calls {', '.join(candidate.delegates)} (a table name)"
 
 
 def discover(paths: list[str] | None = None) -> list[Candidate]:
@@ -320,7 +359,7 @@ def as_json(candidates: list[Candidate]) -> list[dict[str, object]]:
     rows = []
     for c in candidates:
         row = asdict(c)
-        row.pop("extra")
+        row.pop("delegates_only")
         row["spec"] = c.spec
         rows.append(row)
     return rows

@@ -169,31 +169,6 @@ def _releases_weights(call: "Mapping[str, Any]") -> "bool":
     return not tags or "weights" in tags
 
 
-def _code_touches_workspaces(code: "Any") -> "bool":
-    """Whether a code object (or one nested in it) names `_fp8_workspaces`, as an attribute
-    (`m._fp8_workspaces`) or a string (`getattr(m, "_fp8_workspaces")`)."""
-    if "_fp8_workspaces" in code.co_names or "_fp8_workspaces" in code.co_consts:
-        return True
-    return any(_code_touches_workspaces(c) for c in code.co_consts if hasattr(c, "co_names"))
-
-
-def _module_clears_workspaces(module: "ModuleType") -> "bool":
-    """Upstream clears the caches itself: a function or method defined in the offload's module
-    touches `_fp8_workspaces` (how verl's own fix, PR #6952, reads; copies of verl's offload such as
-    ms-swift's or SkyRL's would take the same fix). Reads compiled code, imports nothing."""
-    for value in list(vars(module).values()):
-        if getattr(value, "__module__", None) != module.__name__:
-            continue
-        members = vars(value).values() if isinstance(value, type) else (value,)
-        for member in members:
-            func = getattr(member, "__func__", member)  # staticmethod / classmethod
-            func = getattr(func, "__wrapped__", func)  # torch.no_grad() and other decorators
-            code = getattr(func, "__code__", None)
-            if code is not None and _code_touches_workspaces(code):
-                return True
-    return False
-
-
 def _megatron_buffer_modules(buffer: "Any") -> "Any":
     from .megatron_buffers import modules_of_buffer
 
@@ -311,6 +286,10 @@ BUILTIN: "tuple[Target, ...]" = (
         versions="before PR #2142, or with its flag off",
         step_aside=_miles_clears_itself,
     ),
+    # ms-swift, SkyRL, RLinf, ChatLearn, Relax: no upstream fix yet, so no step-aside rule is guessed
+    # ahead of one (a fix may come opt-in, like NeMo-RL's, and stepping aside on its mere presence
+    # would bring the leak back). Clearing first is harmless next to an upstream clear: it finds the
+    # dict already empty.
     Target(
         "ms-swift",
         "swift.megatron.trainers.utils",
@@ -318,7 +297,6 @@ BUILTIN: "tuple[Target, ...]" = (
         "models",
         distribution="ms-swift",
         versions="3.11.0 - 4.6.0 (a copy of verl's pre-fix offload; flushes through swift.utils.empty_cache)",
-        fixed_upstream=_module_clears_workspaces,
     ),
     Target(
         "skyrl",
@@ -327,7 +305,6 @@ BUILTIN: "tuple[Target, ...]" = (
         "models",
         distribution="skyrl",
         versions="0.1.0 - 0.3.0 (DDP chunks go through megatron-core's buffer offload, plain chunks do not)",
-        fixed_upstream=_module_clears_workspaces,
     ),
     Target(
         "skyrl-train",
@@ -336,7 +313,6 @@ BUILTIN: "tuple[Target, ...]" = (
         "models",
         distribution="skyrl-train",
         versions="skyrl-train 0.2.0 - 0.4.0 (git tags; before the package became skyrl.backends.skyrl_train)",
-        fixed_upstream=_module_clears_workspaces,
     ),
     Target(
         "rlinf",
@@ -346,7 +322,6 @@ BUILTIN: "tuple[Target, ...]" = (
         distribution="rlinf",
         versions="0.1 - 0.3.0 (MegatronWorker, MegatronSftWorker inherit it)",
         when=_truthy("offload_weight"),
-        fixed_upstream=_module_clears_workspaces,
     ),
     Target(
         "chatlearn",
@@ -355,7 +330,6 @@ BUILTIN: "tuple[Target, ...]" = (
         "self._model",
         distribution="pai-chatlearn",
         versions="1.2.0 - main (the caller, TorchModule.offload, flushes after it)",
-        fixed_upstream=_module_clears_workspaces,
     ),
     Target(
         "chatlearn-inference",
@@ -364,7 +338,6 @@ BUILTIN: "tuple[Target, ...]" = (
         "self._model",
         distribution="pai-chatlearn",
         versions="1.2.0 - main (reference / reward models; flushed by the same caller)",
-        fixed_upstream=_module_clears_workspaces,
     ),
     Target(
         "relax",
@@ -373,7 +346,6 @@ BUILTIN: "tuple[Target, ...]" = (
         "self.model",
         distribution="relax",
         versions="main, no release (clear_memory, then torch_memory_saver.pause)",
-        fixed_upstream=_module_clears_workspaces,
     ),
     Target(
         "relax-selective",
@@ -382,7 +354,6 @@ BUILTIN: "tuple[Target, ...]" = (
         "self.model",
         distribution="relax",
         versions="main since the selective offload (--selective-offload, or no torch_memory_saver)",
-        fixed_upstream=_module_clears_workspaces,
     ),
 )
 
