@@ -77,7 +77,7 @@ def test_skyrl_rlinf_chatlearn_relax() -> None:
     before = [w.weights(c) for c in chunks]
     cleared(run(chunks, lambda: manager.offload_model_weights_and_grad()), "rlinf")
     manager.onload_model_weights_and_grad()
-    assert all(w.same_weights(b, w.weights(c)) for b, c in zip(before, chunks))
+    assert all(w.same_weights(b, w.weights(c)) for b, c in zip(before, chunks, strict=True))
 
     # ChatLearn: no flush inside; the caller (TorchModule.offload) flushes after it.
     chunks = [ddp()]

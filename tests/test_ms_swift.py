@@ -26,6 +26,7 @@ def test_ms_swift_offload_leaves_no_cache() -> None:
 
     import te_offload_shim as shim  # first, as a user would
 
+    assert "swift" not in sys.modules and "megatron.core" not in sys.modules
     # megatron-core modules choose TE or their own layers when first imported: import the ones the
     # test model uses while TE is absent, as on a machine without TE.
     import megatron.core.distributed
@@ -73,4 +74,5 @@ def test_ms_swift_offload_leaves_no_cache() -> None:
     assert state["ms-swift"] == "patched"
 
     swift_utils.load_megatron_model_to_gpu(models)
-    assert all(w.same_weights(b, w.weights(m)) for b, m in zip(before, models)), "weights round-trip bit-identical"
+    after = [w.weights(m) for m in models]
+    assert all(w.same_weights(b, a) for b, a in zip(before, after, strict=True)), "weights round-trip bit-identical"

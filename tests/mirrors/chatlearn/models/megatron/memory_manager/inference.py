@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 
 class InferenceMemoryManager:
     def __init__(self, model: list[Any], bucket_size_mb: int = 0) -> None:

@@ -31,7 +31,7 @@ class TrainerMemoryManager:
             return
         if self._primary is None:
             self._primary = [torch.empty_like(b.param_data, device="cpu") for b in self._buffers]
-        for store, buffer in zip(self._primary, self._buffers):
+        for store, buffer in zip(self._primary, self._buffers, strict=True):
             store.copy_(buffer.param_data)  # copy_to_primary_store
             buffer.param_data.untyped_storage().resize_(0)  # release_gpu_buffer
         for model_chunk in self._model:
@@ -42,7 +42,7 @@ class TrainerMemoryManager:
 
     def onload_weights(self) -> None:
         assert self._primary is not None
-        for store, buffer in zip(self._primary, self._buffers):
+        for store, buffer in zip(self._primary, self._buffers, strict=True):
             buffer.param_data.untyped_storage().resize_(store.untyped_storage().size())
             buffer.param_data.copy_(store)
         for buffer in self._buffers:
