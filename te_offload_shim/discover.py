@@ -375,4 +375,5 @@ def print_text(candidates: list[Candidate], show_all: bool, out: TextIO | None =
     covered = len(candidates) - len(new)
     print(f"te-offload-shim discover: {len(new)} not covered, {covered} covered", file=stream)
     if new:
-        print(f"TE_OFFLOAD_SHIM_TARGETS={','.join(c.spec for c in new)}", file=stream)
+        specs = dict.fromkeys(c.spec for c in new)  # one per target, however many copies were found
+        print(f"TE_OFFLOAD_SHIM_TARGETS={','.join(specs)}", file=stream)
