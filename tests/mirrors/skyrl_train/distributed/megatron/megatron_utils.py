@@ -4,8 +4,8 @@ Upstream: NovaSky-AI/SkyRL, skyrl-train/skyrl_train/distributed/megatron/megatro
 skyrl_train-v0.4.0 332c7cbc (`offload_megatron_model_to_cpu` l.150; from skyrl_train-v0.2.0). Why a
 mirror: `skyrl-train` (PyPI, 0.3.1 at most) cannot be downloaded from the package index this set-up
 reaches, and later code lives in the `skyrl` package (see the `skyrl` mirror). Re-writes the lines
-that matter: verl's pre-fix copy (pinned CPU copy of each DDP buffer's
-`param_data`, `storage().resize_(0)`, `.to("cpu")` for other chunks), then `gc.collect()` and
+that matter: verl's pre-fix copy (pinned CPU copy of each DDP buffer's `param_data`,
+`storage().resize_(0)`, `.to("cpu")` for other chunks), then `gc.collect()` and
 `torch.cuda.empty_cache()` (a recorder here).
 """
 
