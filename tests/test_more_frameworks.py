@@ -66,6 +66,13 @@ def test_skyrl_rlinf_chatlearn_relax() -> None:
     skyrl.load_megatron_model_to_gpu(chunks[:1])
     assert w.same_weights(before, w.weights(chunks[0]))
 
+    # Without the `skyrl` row (its original, unwrapped), megatron-core's buffer offload
+    # (move_params=True) clears the DDP chunk but leaves the reference model's caches.
+    chunks = [ddp(), plain()]
+    in_plain = w.cache_state(chunks[1:])["entries"]
+    _, got, by_target, left = run(chunks, lambda: skyrl.offload_megatron_model_to_cpu.__wrapped__(chunks))
+    assert (got, list(by_target), left) == ([["flush", in_plain]], ["megatron-core"], in_plain)
+
     chunks = [ddp(), plain()]
     cleared(run(chunks, lambda: skyrl_train.offload_megatron_model_to_cpu(chunks)), "skyrl-train")
 
