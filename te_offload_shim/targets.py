@@ -320,7 +320,7 @@ BUILTIN: "tuple[Target, ...]" = (
         "MegatronModelManager.offload_model_weights_and_grad",
         "self.model",
         distribution="rlinf",
-        versions="0.1 - 0.3.0 (MegatronWorker, MegatronSftWorker inherit it)",
+        versions="0.1 - 0.3.0, main (MegatronWorker, MegatronSftWorker inherit it)",
         when=_truthy("offload_weight"),
     ),
     Target(
