@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-STAMP=.venv/.te-offload-shim-env-v2
+STAMP=.venv/.te-offload-shim-env-v3
 [[ -f $STAMP ]] && exit 0
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
@@ -24,4 +24,13 @@ for v in 0.16.0 0.15.3; do
   [[ -d .deps/megatron-core-$v/megatron ]] || pip --no-deps --target ".deps/megatron-core-$v" "megatron-core==$v"
 done
 [[ -d .deps/wrapt-1/wrapt ]] || pip --no-deps --target .deps/wrapt-1 "wrapt==1.17.*"
+# ms-swift 4.6.0 with what its Megatron trainers need to import, each --no-deps in one folder (TE is
+# served by harness/te_import_only.py: those modules import it, the offload never calls it)
+if [[ ! -d .deps/ms-swift-4.6.0/swift ]]; then
+  echo "setup-env: ms-swift 4.6.0 and its import dependencies -> .deps/ms-swift-4.6.0 (triton is ~1 GB)"
+  pip --no-deps --target .deps/ms-swift-4.6.0 ms-swift==4.6.0 modelscope==1.40.2 modelscope-hub==0.5.1 \
+      mcore-bridge==1.6.5 triton==3.9.0 cryptography==50.0.2 cffi==2.1.1 json-repair==0.64.6 einops==0.8.2 \
+      dacite==1.9.2 msgspec==0.23.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 propcache==0.5.4 \
+      aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0
+fi
 touch "$STAMP"

@@ -1,4 +1,4 @@
-"""`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, startup-file.
+"""`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, discover, startup-file.
 
 Importing this module imports the package, which installs the shim in the CLI's own process; that
 is what lets `status --import` report what a real process would get.
@@ -215,6 +215,17 @@ def _startup_file(args: argparse.Namespace) -> int:
     return 0
 
 
+def _discover(args: argparse.Namespace) -> int:
+    from . import discover
+
+    candidates = discover.discover(args.paths)
+    if args.json:
+        print(json.dumps(discover.as_json(candidates), indent=2))
+    else:
+        discover.print_text(candidates, args.all)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="te-offload-shim", description="Activate te_offload_shim in every Python process, and check it."
@@ -235,6 +246,13 @@ def _parser() -> argparse.ArgumentParser:
         "--import", dest="do_import", action="store_true", help="import the targets here and report what got patched"
     )
     p.set_defaults(func=_status)
+    p = sub.add_parser(
+        "discover", help="find offload functions the table does not cover (reads source, imports nothing)"
+    )
+    p.add_argument("paths", nargs="*", metavar="PATH", help="folders or files (default: installed distributions)")
+    p.add_argument("--json", action="store_true", help="every candidate, covered ones included, as JSON")
+    p.add_argument("--all", action="store_true", help="list the covered candidates too")
+    p.set_defaults(func=_discover)
     p = sub.add_parser("startup-file", help="print the path of the PYTHONSTARTUP file (interactive sessions only)")
     p.set_defaults(func=_startup_file)
     return parser

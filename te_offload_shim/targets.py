@@ -285,6 +285,75 @@ BUILTIN: "tuple[Target, ...]" = (
         versions="before PR #2142, or with its flag off",
         step_aside=_miles_clears_itself,
     ),
+    # ms-swift, SkyRL, RLinf, ChatLearn, Relax: no upstream fix yet, so no step-aside rule is guessed
+    # ahead of one (a fix may come opt-in, like NeMo-RL's, and stepping aside on its mere presence
+    # would bring the leak back). Clearing first is harmless next to an upstream clear: it finds the
+    # dict already empty.
+    Target(
+        "ms-swift",
+        "swift.megatron.trainers.utils",
+        "offload_megatron_model_to_cpu",
+        "models",
+        distribution="ms-swift",
+        versions="3.11.0 - 4.6.0 (a copy of verl's pre-fix offload; flushes through swift.utils.empty_cache)",
+    ),
+    Target(
+        "skyrl",
+        "skyrl.backends.skyrl_train.distributed.megatron.megatron_utils",
+        "offload_megatron_model_to_cpu",
+        "models",
+        distribution="skyrl",
+        versions="0.1.0 - 0.3.0 (DDP chunks go through megatron-core's buffer offload, plain chunks do not)",
+    ),
+    Target(
+        "skyrl-train",
+        "skyrl_train.distributed.megatron.megatron_utils",
+        "offload_megatron_model_to_cpu",
+        "models",
+        distribution="skyrl-train",
+        versions="skyrl-train 0.2.0 - 0.4.0 (git tags; before the package became skyrl.backends.skyrl_train)",
+    ),
+    Target(
+        "rlinf",
+        "rlinf.hybrid_engines.megatron.megatron_model_manager",
+        "MegatronModelManager.offload_model_weights_and_grad",
+        "self.model",
+        distribution="rlinf",
+        versions="0.1 - 0.3.0, main (MegatronWorker, MegatronSftWorker inherit it)",
+        when=_truthy("offload_weight"),
+    ),
+    Target(
+        "chatlearn",
+        "chatlearn.models.megatron.memory_manager.trainer",
+        "TrainerMemoryManager.offload_weights",
+        "self._model",
+        distribution="pai-chatlearn",
+        versions="1.2.0 - main (the caller, TorchModule.offload, flushes after it)",
+    ),
+    Target(
+        "chatlearn-inference",
+        "chatlearn.models.megatron.memory_manager.inference",
+        "InferenceMemoryManager.offload_weights",
+        "self._model",
+        distribution="pai-chatlearn",
+        versions="1.2.0 - main (reference / reward models; flushed by the same caller)",
+    ),
+    Target(
+        "relax",
+        "relax.backends.megatron.actor",
+        "MegatronTrainRayActor.sleep",
+        "self.model",
+        distribution="relax",
+        versions="main, no release (clear_memory, then torch_memory_saver.pause)",
+    ),
+    Target(
+        "relax-selective",
+        "relax.backends.megatron.weight_update.train_offload",
+        "_SelectiveOffloadStrategy.offload",
+        "self.model",
+        distribution="relax",
+        versions="main since the selective offload (--selective-offload, or no torch_memory_saver)",
+    ),
 )
 
 

@@ -1,0 +1,379 @@
+"""`te-offload-shim discover`: find offload functions the table does not know, by reading source.
+
+verl's `offload_megatron_model_to_cpu` has been copied into many forks and frameworks; no table can
+list them all. This scans Python source statically (with `ast`; nothing is imported or run) for
+functions and methods that move a Megatron model's weights off the device and then flush the
+allocator, in the same body:
+
+- a move: `<...>buffer<...>.offload_to_cpu(...)` (megatron-core's buffer offload; not with
+  `move_params=False`), `<...>.storage().resize_(0)` / `.untyped_storage().resize_(0)`, or
+  `<x>.data = <...>.to("cpu") / .cpu() / torch.empty(0, ...)`, or `torch_memory_saver.pause()`;
+- a flush: a call named `empty_cache`, `clear_memory`, `gc_collect`, `aggressive_empty_cache`, or
+  `torch_memory_saver.pause()` (it takes the whole pool off the device);
+- and the module imports `megatron`, or the function names `param_data` / `DistributedDataParallel`
+  (keeps FSDP and plain-torch offloads out).
+
+A candidate is "covered" when a table entry (or `TE_OFFLOAD_SHIM_TARGETS`) names it, when it only
+calls offload functions named like table entries, or when it clears the caches itself (its body, or
+a function of its module it calls by name, touches `_fp8_workspaces`). Known limits are in the README
+("Finding offload functions the table does not know").
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+FLUSH_CALLS = frozenset({"empty_cache", "clear_memory", "gc_collect", "aggressive_empty_cache"})
+_SAVER_HINT = "memory_saver"
+_TEXT_FLUSH = ("empty_cache", "clear_memory", "gc_collect", "pause(")
+_TEXT_MOVE = ("resize_", "offload", "cpu", "pause(", "move_model")
+_MODEL_NAMES = ("param_data", "DistributedDataParallel")
+_CACHE_ATTR = "_fp8_workspaces"
+
+
+@dataclass
+class Candidate:
+    target: str  # module:qualname
+    file: str
+    line: int
+    reason: str
+    where: str  # a guess at the `where` spec; "" means the first argument
+    covered: bool = False
+    covered_by: str = ""  # a table entry's name, "TE_OFFLOAD_SHIM_TARGETS" or "clears _fp8_workspaces itself"
+    delegates: list[str] = field(default_factory=list)  # offload functions it calls for the move
+    delegates_only: bool = False  # every move it makes is such a call
+
+    @property
+    def spec(self) -> str:
+        return f"{self.target}@{self.where}" if self.where else self.target
+
+
+def _text(node: ast.AST) -> str:
+    try:
+        return ast.unparse(node)
+    except Exception:  # pragma: no cover - unparse handles every node the parser makes
+        return ""
+
+
+def _call_name(call: ast.Call) -> str:
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return ""
+
+
+def _is_cpu_move(value: ast.AST) -> bool:
+    """`....to("cpu", ...)`, `....to(device="cpu")`, `....cpu()`, `torch.empty(0, ...)` anywhere in `value`."""
+    for node in ast.walk(value):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _call_name(node)
+        if name == "cpu" and isinstance(node.func, ast.Attribute):
+            return True
+        if name == "to":
+            args = [*node.args, *(k.value for k in node.keywords if k.arg == "device")]
+            if any(isinstance(a, ast.Constant) and a.value == "cpu" for a in args):
+                return True
+        if name == "empty" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0:
+            return True
+    return False
+
+
+def _delegated_move(name: str, call: ast.Call) -> bool:
+    """A call to another offload function of the model's weights: `offload_megatron_model_to_cpu(m)`,
+    `offload_megatron_no_grad_module(...)`, `self.move_model(m, "cpu")` (not optimizer or grads, not
+    `move_params=False`)."""
+    lower = name.lower()
+    if not ("offload" in lower or lower.startswith("move_model")) or "optimizer" in lower or "copy_param" in lower:
+        return False
+    if lower.endswith(("grads", "grad_buffers", "_grad", "to_gpu")):
+        return False
+    if not any(word in lower for word in ("model", "module", "weight", "param")):
+        return False
+    for keyword in call.keywords:
+        if keyword.arg == "move_params" and isinstance(keyword.value, ast.Constant) and not keyword.value.value:
+            return False
+    if lower.startswith("move_model"):  # a mover in both directions: only towards the CPU
+        values = [*call.args, *(k.value for k in call.keywords)]
+        return any(isinstance(v, ast.Constant) and v.value == "cpu" for v in values)
+    return True
+
+
+def _saver_pause(call: ast.Call) -> bool:
+    return _call_name(call) == "pause" and _SAVER_HINT in _text(call.func)
+
+
+class _Body(ast.NodeVisitor):
+    """Moves and flushes in one function body (nested functions and classes are their own)."""
+
+    def __init__(self) -> None:
+        self.moves: list[str] = []
+        self.flushes: list[str] = []
+        self.names: set[str] = set()
+        self.self_attrs: list[str] = []
+        self.delegates: list[str] = []  # callees that do the move (another offload function)
+        self.called: set[str] = set()  # names of the functions and methods it calls
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        return None
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        return None
+
+    def visit_Name(self, node: ast.Name) -> None:
+        self.names.add(node.id)
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        self.names.add(node.attr)
+        if isinstance(node.value, ast.Name) and node.value.id == "self":
+            self.self_attrs.append(node.attr)
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        name = _call_name(node)
+        self.called.add(name)
+        if name == "offload_to_cpu" and isinstance(node.func, ast.Attribute):
+            receiver = _text(node.func.value)
+            move_params = next((k.value for k in node.keywords if k.arg == "move_params"), None)
+            moves_params = not (isinstance(move_params, ast.Constant) and not move_params.value)
+            if "buffer" in receiver.lower() and moves_params:
+                self.moves.append(f"{receiver}.offload_to_cpu()")
+        elif name == "resize_" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0:
+            storage = node.func.value if isinstance(node.func, ast.Attribute) else None
+            if isinstance(storage, ast.Call) and _call_name(storage) in ("storage", "untyped_storage"):
+                self.moves.append(f"{_call_name(storage)}().resize_(0)")
+        elif _delegated_move(name, node):
+            self.moves.append(f"{name}(...)")
+            self.delegates.append(name)
+        elif _saver_pause(node):
+            self.moves.append("torch_memory_saver.pause()")
+            self.flushes.append("torch_memory_saver.pause()")
+        if name in FLUSH_CALLS:
+            self.flushes.append(f"{name}()")
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        for target in node.targets:
+            if isinstance(target, ast.Attribute) and target.attr == "data" and _is_cpu_move(node.value):
+                self.moves.append(f"{_text(target)} = ...cpu")
+        self.generic_visit(node)
+
+
+def _guess_where(func: ast.FunctionDef | ast.AsyncFunctionDef, body: _Body, is_method: bool) -> str:
+    params = [a.arg for a in (*func.args.posonlyargs, *func.args.args)]
+    if is_method:
+        for attr in body.self_attrs:
+            if "model" in attr.lower():
+                return f"self.{attr}"
+        params = params[1:]
+    for name in params:
+        if "model" in name.lower() or name in ("chunks", "modules"):
+            return name
+    return ""
+
+
+def _touches_cache(tree: ast.AST) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == _CACHE_ATTR:
+            return True
+        if isinstance(node, ast.Constant) and node.value == _CACHE_ATTR:
+            return True
+    return False
+
+
+def _imports_megatron(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "megatron" for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "megatron" and not node.level:
+            return True
+    return False
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef, bool]]:
+    """(qualname, node, is_method) for module-level functions and methods of module-level classes."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, node, False
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    static = any(_text(d) == "staticmethod" for d in item.decorator_list)
+                    yield f"{node.name}.{item.name}", item, not static
+
+
+def scan_source(source: str, module: str, filename: str) -> list[Candidate]:
+    """Candidates in one module's source; [] when it does not parse."""
+    if not any(t in source for t in _TEXT_FLUSH) or not any(t in source for t in _TEXT_MOVE):
+        return []
+    try:
+        tree = ast.parse(source, filename)
+    except (SyntaxError, ValueError):
+        return []
+    megatron = _imports_megatron(tree)
+    clearing: set[str] | None = None
+    found: list[Candidate] = []
+    for qualname, func, is_method in _functions(tree):
+        body = _Body()
+        for statement in func.body:
+            body.visit(statement)
+        if not body.moves or not body.flushes:
+            continue
+        if not megatron and not body.names.intersection(_MODEL_NAMES):
+            continue
+        if clearing is None:
+            clearing = {q.rpartition(".")[2] for q, f, _ in _functions(tree) if _touches_cache(f)}
+        moves = ", ".join(dict.fromkeys(body.moves))
+        flushes = ", ".join(dict.fromkeys(body.flushes))
+        candidate = Candidate(
+            f"{module}:{qualname}",
+            filename,
+            func.lineno,
+            f"moves weights ({moves}) and flushes ({flushes})",
+            _guess_where(func, body, is_method),
+            delegates=list(dict.fromkeys(body.delegates)),
+            delegates_only=bool(body.delegates) and len(body.delegates) == len(body.moves),
+        )
+        # it clears the caches itself: in its own body, or in a function of its module that it calls
+        # by name (verl 0.9's `_clear_te_fp8_weight_workspaces(model_chunk)`)
+        if _touches_cache(func) or body.called.intersection(clearing):
+            candidate.covered, candidate.covered_by = True, f"clears {_CACHE_ATTR} itself"
+        found.append(candidate)
+    return found
+
+
+# --- where the source comes from ----------------------------------------------------------------
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts and parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _package_root(path: Path) -> Path:
+    """The folder a module would be imported from: the first parent without an __init__.py."""
+    root = path if path.is_dir() else path.parent
+    while (root / "__init__.py").is_file():
+        root = root.parent
+    return root
+
+
+_SKIP_DIRS = frozenset({"__pycache__", "tests", "test", ".git", "node_modules"})
+
+
+def files_under(path: Path) -> Iterator[tuple[Path, str]]:
+    """(file, module name) for every .py file under `path` (a folder on sys.path, a package, a file)."""
+    path = path.resolve()
+    if path.is_file():
+        yield path, _module_name(_package_root(path), path)
+        return
+    root = _package_root(path)
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith((".dist-info", ".egg-info")))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                file = Path(folder, name)
+                module = _module_name(root, file)
+                if all(p.isidentifier() for p in module.split(".")):
+                    yield file, module
+
+
+def installed_files() -> Iterator[tuple[Path, str]]:
+    """(file, module name) for the .py files of every installed distribution (its RECORD)."""
+    from importlib import metadata
+
+    seen: set[Path] = set()
+    for dist in metadata.distributions():
+        for item in dist.files or ():
+            if item.suffix != ".py" or item.parts[0].endswith((".dist-info", ".egg-info")) or ".." in item.parts:
+                continue
+            if item.parts[0] in ("tests", "test"):
+                continue
+            file = Path(str(dist.locate_file(item)))
+            if file in seen or not file.is_file():
+                continue
+            seen.add(file)
+            module = ".".join(item.with_suffix("").parts)
+            module = module.removesuffix(".__init__")
+            if all(p.isidentifier() for p in module.split(".")):
+                yield file, module
+
+
+def scan(files: Iterable[tuple[Path, str]]) -> list[Candidate]:
+    found: list[Candidate] = []
+    for file, module in files:
+        try:
+            source = file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        found.extend(scan_source(source, module, str(file)))
+    return found
+
+
+def mark_covered(candidates: list[Candidate]) -> None:
+    """Mark the candidates the built-in table or TE_OFFLOAD_SHIM_TARGETS names."""
+    from . import _config
+    from .targets import BUILTIN, parse_user_targets
+
+    user, _ = parse_user_targets(os.environ.get(_config.TARGETS, ""))
+    table = {t.path: t.name for t in BUILTIN}
+    table.update({t.path: _config.TARGETS for t in user})
+    wrapped_names = {t.attribute.rpartition(".")[2] for t in (*BUILTIN, *user)}
+    for candidate in candidates:
+        if candidate.covered:
+            continue
+        name = table.get(candidate.target)
+        if name:
+            candidate.covered, candidate.covered_by = True, name
+            continue
+        # it only calls other offload functions, each named like one the table wraps: cleared in there
+        if candidate.delegates_only and wrapped_names.issuperset(candidate.delegates):
+            candidate.covered, candidate.covered_by = True, f"calls {', '.join(candidate.delegates)} (a table name)"
+
+
+def discover(paths: list[str] | None = None) -> list[Candidate]:
+    """Every candidate under `paths` (or in the installed distributions), covered ones marked."""
+    if paths:
+        files: Iterable[tuple[Path, str]] = (f for p in paths for f in files_under(Path(p)))
+    else:
+        files = installed_files()
+    candidates = scan(files)
+    mark_covered(candidates)
+    candidates.sort(key=lambda c: (c.covered, c.target))
+    return candidates
+
+
+def as_json(candidates: list[Candidate]) -> list[dict[str, object]]:
+    rows = []
+    for c in candidates:
+        row = asdict(c)
+        row.pop("delegates_only")
+        row["spec"] = c.spec
+        rows.append(row)
+    return rows
+
+
+def print_text(candidates: list[Candidate], show_all: bool, out: TextIO | None = None) -> None:
+    stream = out or sys.stdout
+    shown = [c for c in candidates if show_all or not c.covered]
+    for c in shown:
+        note = f"  [covered: {c.covered_by}]" if c.covered else ""
+        print(f"{c.target}  {c.file}:{c.line}  {c.reason}{note}", file=stream)
+    new = [c for c in candidates if not c.covered]
+    covered = len(candidates) - len(new)
+    print(f"te-offload-shim discover: {len(new)} not covered, {covered} covered", file=stream)
+    if new:
+        specs = dict.fromkeys(c.spec for c in new)  # one per target, however many copies were found
+        print(f"TE_OFFLOAD_SHIM_TARGETS={','.join(specs)}", file=stream)
