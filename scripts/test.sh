@@ -11,5 +11,6 @@ scripts/setup-env.sh
 if [[ $# -eq 0 ]]; then
   echo "--- again under wrapt 1.x ($(ls -d .deps/wrapt-1/wrapt-*.dist-info | sed 's/.*wrapt-\(.*\)\.dist-info/\1/'))"
   TEST_PYTHONPATH_PREFIX="$PWD/.deps/wrapt-1" TEST_EXPECT_WRAPT_MAJOR=1 .venv/bin/python -m pytest -n 2 -q \
-    tests/test_verl.py tests/test_import_order.py tests/test_faults.py tests/test_frameworks.py
+    tests/test_verl.py tests/test_import_order.py tests/test_faults.py tests/test_frameworks.py \
+    tests/hostile/test_wrapper_transparency.py
 fi
