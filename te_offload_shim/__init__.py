@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from .te_caches import CacheReport
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "clear_fp8_workspaces",
     "install",
