@@ -33,7 +33,7 @@ def _disable(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    command = list(args.command)
+    command = list(args.argv)
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
@@ -226,34 +226,49 @@ def _discover(args: argparse.Namespace) -> int:
     return 0
 
 
+_COMMANDS = {
+    "enable": "write te_offload_shim.pth into site-packages: every start of this interpreter activates the shim",
+    "disable": "remove te_offload_shim.pth",
+    "run": "run CMD with the shim active in it and in every Python process below it (PYTHONPATH bootstrap)",
+    "status": "versions, targets, activation routes; exit 1 when unhealthy",
+    "discover": "find offload functions the table does not cover (reads source, imports nothing)",
+    "startup-file": "print the path of the PYTHONSTARTUP file (interactive sessions only)",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="te-offload-shim", description="Activate te_offload_shim in every Python process, and check it."
     )
-    sub = parser.add_subparsers(dest="command_name", required=True)
-    p = sub.add_parser("enable", help="write te_offload_shim.pth into site-packages (every start activates)")
+    parser.add_argument("--version", action="version", version=f"te-offload-shim {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(name: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=_COMMANDS[name], description=_COMMANDS[name])
+
+    p = command("enable")
     p.add_argument("--site", metavar="DIR", help="this directory instead of the interpreter's site-packages")
     p.set_defaults(func=_enable)
-    p = sub.add_parser("disable", help="remove te_offload_shim.pth")
+    p = command("disable")
     p.add_argument("--site", metavar="DIR", help="this directory instead of the interpreter's site-packages")
     p.set_defaults(func=_disable)
-    p = sub.add_parser("run", help="run CMD with the shim active in it and every Python process below it")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    p = command("run")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=_run)
-    p = sub.add_parser("status", help="versions, targets, activation routes; exit 1 when unhealthy")
+    p = command("status")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--import", dest="do_import", action="store_true", help="import the targets here and report what got patched"
     )
     p.set_defaults(func=_status)
-    p = sub.add_parser(
-        "discover", help="find offload functions the table does not cover (reads source, imports nothing)"
-    )
+    p = command("discover")
     p.add_argument("paths", nargs="*", metavar="PATH", help="folders or files (default: installed distributions)")
     p.add_argument("--json", action="store_true", help="every candidate, covered ones included, as JSON")
     p.add_argument("--all", action="store_true", help="list the covered candidates too")
     p.set_defaults(func=_discover)
-    p = sub.add_parser("startup-file", help="print the path of the PYTHONSTARTUP file (interactive sessions only)")
+    p = command("startup-file")
     p.set_defaults(func=_startup_file)
     return parser
 

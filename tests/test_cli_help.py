@@ -1,0 +1,37 @@
+"""The CLI speaks for itself: a version, help for every subcommand, errors that name what to type."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, child_env
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "te_offload_shim", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=60)
+
+
+def test_version() -> None:
+    # the one version source, which pyproject.toml reads too (read as text: importing would install)
+    source = (REPO / "te_offload_shim" / "__init__.py").read_text()
+    version = re.search(r'^__version__ = "([^"]+)"$', source, re.M)
+    assert version is not None
+    proc = _cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"te-offload-shim {version.group(1)}"
+
+
+@pytest.mark.parametrize("command", ["enable", "disable", "run", "status", "discover", "startup-file"])
+def test_every_subcommand_has_help_text(command: str) -> None:
+    proc = _cli(command, "--help")
+    assert proc.returncode == 0
+    description = proc.stdout.split("\n\n")[1].strip()
+    assert len(description) > 20 and not description.startswith(("positional", "options")), proc.stdout
+
+
+def test_a_missing_command_names_what_to_type() -> None:
+    proc = _cli()
+    assert proc.returncode == 2 and "COMMAND" in proc.stderr and "command_name" not in proc.stderr
