@@ -276,42 +276,43 @@ def test_an_import_that_works_without_the_shim_works_with_it() -> None:
     assert te_offload_shim.status()["hook_errors"] == []
 
 
-class _NoOpFinder:
+class _PausingFinder:
+    """Stops the import of one module on its thread, inside the import system's walk over the meta
+    path, until told to go on; then lets the rest of the meta path find it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.inside, self.go_on = threading.Event(), threading.Event()
+
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
-        return None
+        if fullname == self.name:
+            self.inside.set()
+            self.go_on.wait(10)
 
 
-@pytest.mark.subprocess(timeout=300)
+@pytest.mark.subprocess()
 def test_uninstall_does_not_break_an_import_in_flight_on_another_thread(tmp_path: Path) -> None:
-    """Scenario 15: install/uninstall in a loop while another thread imports 400 fresh modules.
+    """Scenario 15: uninstall() while another thread's import is walking the meta path (stopped
+    just before the path finder). An in-place edit of the list would make that walk skip a finder."""
+    from importlib.machinery import PathFinder
 
-    The meta path is long (other finders before the path finder), so an in-place edit made while
-    the import system walks it makes that walk skip a finder."""
     import te_offload_shim
 
-    for i in range(400):
-        (tmp_path / f"fresh_{i}.py").write_text(f"VALUE = {i}\n")
-    write_module(tmp_path, "fresh_probe", "")
-    sys.meta_path[1:1] = [_NoOpFinder() for _ in range(40)]
-    sys.setswitchinterval(1e-6)
+    write_module(tmp_path, "walked_module", "VALUE = 1\n")
+    pausing = _PausingFinder("walked_module")
+    sys.meta_path.insert(sys.meta_path.index(PathFinder), pausing)
     failures: list[BaseException] = []
-    done = threading.Event()
 
     def importer() -> None:
         try:
-            for i in range(400):
-                importlib.import_module(f"fresh_{i}")
+            importlib.import_module("walked_module")
         except BaseException as exc:
             failures.append(exc)
-        finally:
-            done.set()
 
     thread = threading.Thread(target=importer)
     thread.start()
-    cycles = 0
-    while not done.is_set():
-        te_offload_shim.install()
-        te_offload_shim.uninstall()
-        cycles += 1
-    thread.join()
-    assert failures == [], f"{failures[0]!r} after {cycles} install/uninstall cycles"
+    assert pausing.inside.wait(10)
+    te_offload_shim.uninstall()
+    pausing.go_on.set()
+    thread.join(10)
+    assert failures == [] and sys.modules["walked_module"].VALUE == 1, failures
