@@ -159,7 +159,19 @@ def make_handler(target: Target, signature: inspect.Signature, is_method: bool) 
                         target.path,
                         exc,
                     )
-            return wrapped(*args, **kwargs)
+            # TE_OFFLOAD_SHIM_AUDIT: what the offload left on the device (audit.py). Never raises.
+            pending = None
+            if depth == 0 and _config.audit():
+                try:
+                    from . import audit
+
+                    pending = audit.begin(target, audit.locate(target, signature, is_method, instance, args, kwargs))
+                except Exception:
+                    pending = None
+            result = wrapped(*args, **kwargs)
+            if pending is not None:
+                pending.finish()
+            return result
         finally:
             _inside.depth = depth
 

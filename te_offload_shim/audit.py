@@ -1,0 +1,142 @@
+"""`TE_OFFLOAD_SHIM_AUDIT=1`: after each wrapped offload returns, what it left on the device.
+
+The call path asks `begin()` right before the original offload runs (the shim's own clearing is
+done by then) and calls `finish()` on what it got once the original has returned. In between this
+holds the located model chunks, as the call itself does; afterwards nothing: the report kept for
+`stats()` is plain data. Nothing here may raise into the offload, strict mode included: a
+diagnostic that can break the run it diagnoses would not be switched on.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from . import _config
+from ._log import log, rank_prefix, warn_once
+
+if TYPE_CHECKING:
+    import inspect
+
+    from .targets import Target
+
+_RAY_TRACE_CTX = "_ray_trace_ctx"
+_lock = threading.Lock()
+_audits = 0
+_latest: dict[str, Any] | None = None
+
+
+def latest() -> dict[str, Any] | None:
+    """The last audit's report as plain data (`ResidueReport.as_dict()` plus target, count, time)."""
+    with _lock:
+        return None if _latest is None else dict(_latest)
+
+
+def reset() -> None:
+    global _audits, _latest
+    with _lock:
+        _audits, _latest = 0, None
+
+
+class Pending:
+    """An offload under audit: its chunks and the process numbers from before it ran."""
+
+    __slots__ = ("before", "device_type", "models", "started", "target")
+
+    def __init__(self, target: Target, models: Any, device_type: str | None, before: list[Any]) -> None:
+        self.target = target
+        self.models = models
+        self.device_type = device_type
+        self.before = before
+        self.started = time.perf_counter()
+
+    def finish(self) -> None:
+        """Report and log what the offload left. Never raises."""
+        try:
+            _finish(self)
+        except Exception as exc:
+            _fail("finish", exc)
+        finally:
+            self.models = None
+
+
+def locate(
+    target: Target, signature: inspect.Signature, is_method: bool, instance: Any, args: tuple, kwargs: dict
+) -> Any:
+    """The model chunks of this call, found the way the clearing finds them (the target's `where`
+    spec; for megatron-core's buffer offload, the DDP that owns the buffer). None when not found."""
+    try:
+        full_args = (instance, *args) if is_method and instance is not None else args
+        if _RAY_TRACE_CTX in kwargs and _RAY_TRACE_CTX not in signature.parameters:
+            kwargs = {k: v for k, v in kwargs.items() if k != _RAY_TRACE_CTX}
+        try:
+            bound = signature.bind(*full_args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        where = target.where
+        obj = bound.arguments.get(where.parameter(list(signature.parameters), is_method) or "")
+        for step, name in enumerate(where.path):
+            obj = getattr(obj, name, None)
+            if obj is None:
+                return None
+            if where.call and step == len(where.path) - 1:
+                obj = obj()
+        if isinstance(obj, Iterator):
+            return None  # consuming it would change what the original sees
+        if target.resolve is not None and obj is not None:
+            obj, _ = target.resolve(obj)
+        return obj
+    except Exception as exc:
+        _fail("locate", exc)
+        return None
+
+
+def begin(target: Target, models: Any) -> Pending | None:
+    """Start auditing one offload of `models`: the process numbers now. Never raises."""
+    try:
+        from . import device_residue as residue
+
+        torch = sys.modules.get("torch")
+        before = residue.device_memory(torch) if torch is not None else []
+        return Pending(target, models, _config.audit_device_type(), before)
+    except Exception as exc:
+        _fail("begin", exc)
+        return None
+
+
+def _finish(pending: Pending) -> None:
+    global _audits, _latest
+    from . import device_residue as residue
+
+    report = residue.residue(pending.models, device_type=pending.device_type)
+    report.memory_before = pending.before
+    seconds = time.perf_counter() - pending.started
+    with _lock:
+        _audits += 1
+        first = _audits == 1
+        _latest = {
+            "target": pending.target.path,
+            "audits": _audits,
+            "offload_s": seconds,
+            "time": time.time(),
+            **report.as_dict(),
+        }
+    log(
+        logging.INFO if first else logging.DEBUG,
+        "te_offload_shim: %saudit after %s: %s",
+        rank_prefix(),
+        pending.target.path,
+        report.summary(),
+    )
+
+
+def _fail(step: str, exc: BaseException) -> None:
+    try:
+        warn_once(f"audit:{step}:{type(exc).__name__}", "te_offload_shim: residue audit (%s) failed: %r", step, exc)
+    except Exception:  # pragma: no cover - warn_once itself never raises
+        pass
