@@ -360,7 +360,11 @@ class _Walk:
             return
         if isinstance(value, _OPAQUE) or isinstance(value, self.module_type):
             return  # modules are walked through `_modules`; one merely referenced is not ours
-        if te_bytes._is_storage(value):  # a TE quantized value outside the workspace dict
+        try:
+            storage = te_bytes._is_storage(value)  # a TE quantized value outside the workspace dict
+        except Exception:  # a proxy whose __getattr__ raises something else than AttributeError
+            return
+        if storage:
             self.add("other", node, label, value, key)
             return
         if depth >= _MAX_DEPTH:
