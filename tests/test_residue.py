@@ -220,6 +220,7 @@ def test_real_verl_offload_residue_before_after_and_one_audit_line(
     """verl 0.8.0's own offload on a real GPTModel in megatron DDP with TE-layout caches: once as
     verl ships it (the shim's `__wrapped__`), once through the shim; then the audit line."""
     import gc
+    import json
     import weakref
 
     import torch
@@ -227,6 +228,7 @@ def test_real_verl_offload_residue_before_after_and_one_audit_line(
 
     import te_offload_shim as shim
     from harness import megatron_world as w
+    from te_offload_shim import cli
 
     caplog.set_level(logging.DEBUG, logger="te_offload_shim")
     plain, shimmed = w.wrap_ddp(w.build_gpt()), w.wrap_ddp(w.build_gpt())
@@ -267,6 +269,10 @@ def test_real_verl_offload_residue_before_after_and_one_audit_line(
     assert latest["other"] == {"dispatcher_state": 256 * F32}
     assert latest["top"][0]["path"] == "chunk0.module.decoder"
     assert "other 1.00 KiB (dispatcher_state 1.00 KiB)" in lines[2].getMessage()
+
+    status = cli.collect()  # what `te-offload-shim status --json` prints
+    assert status["audit"]["enabled"] and status["audit"]["latest"]["audits"] == 3
+    assert json.loads(json.dumps(status))["audit"]["latest"]["by_category"] == latest["by_category"]
 
     refs = [weakref.ref(shimmed), weakref.ref(shimmed.buffers[0].param_data)]
     del shimmed
