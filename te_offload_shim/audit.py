@@ -99,10 +99,10 @@ def locate(
 def begin(target: Target, models: Any) -> Pending | None:
     """Start auditing one offload of `models`: the process numbers now. Never raises."""
     try:
-        from . import device_residue as residue
+        from .process_memory import device_memory
 
         torch = sys.modules.get("torch")
-        before = residue.device_memory(torch) if torch is not None else []
+        before = device_memory(torch) if torch is not None else []
         return Pending(target, models, _config.audit_device_type(), before)
     except Exception as exc:
         _fail("begin", exc)
