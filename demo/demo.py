@@ -36,13 +36,35 @@ def one_case(shim: bool, layers: int, hidden: int) -> dict:
     before = {"caches": w.cache_state([model]), **w.device_memory()}
     from verl.workers.engine.megatron import transformer_impl  # verl's caller, as verl imports it
 
+    resident_before = _resident([model], cuda)
     transformer_impl.offload_megatron_model_to_cpu([model])
     after = {"caches": w.cache_state([model]), **w.device_memory()}
-    return {"shim": shim, "device": "cuda" if cuda else "cpu", "before": before, "after": after}
+    resident = {"before": resident_before, "after": _resident([model], cuda)}
+    return {"shim": shim, "device": "cuda" if cuda else "cpu", "before": before, "after": after, "resident": resident}
+
+
+def _resident(models: list, cuda: bool) -> dict:
+    """What the model holds on the device, by category. Without the shim this case runs with
+    TE_OFFLOAD_SHIM=0, so importing the package for its report installs nothing. On a CPU machine
+    "the device" is the host: the offload frees the DDP buffers' storages, what stays is what a GPU keeps."""
+    import te_offload_shim
+
+    return te_offload_shim.residue(models, device_type=None if cuda else "cpu").by_category
 
 
 def fmt(n: int | None) -> str:
     return "-" if n is None else f"{n / GIB:8.3f} GiB" if n >= GIB else f"{n / 1024**2:8.2f} MiB"
+
+
+def print_resident(results: list[dict]) -> None:
+    """`te_offload_shim.residue` before and after each offload: every category the model holds there."""
+    rows = [("before the offload", results[0]["resident"]["before"])]
+    rows += [(f"after, {'with' if r['shim'] else 'without'} the shim", r["resident"]["after"]) for r in results]
+    names = [n for n in rows[0][1] if any(row[n] for _, row in rows)]
+    print(f"Resident on the {results[0]['device']} by category (te_offload_shim.residue):")
+    print(f"{'':<26}" + "".join(f"{n:>16}" for n in [*names, "total"]))
+    for label, row in rows:
+        print(f"{label:<26}" + "".join(f"{fmt(row[n]):>16}" for n in names) + f"{fmt(sum(row.values())):>16}")
 
 
 def main() -> int:
@@ -65,7 +87,8 @@ def main() -> int:
     results = []
     for case in ("without", "with"):
         cmd = [sys.executable, __file__, "--case", case, "--layers", str(args.layers), "--hidden", str(args.hidden)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        case_env = dict(env, TE_OFFLOAD_SHIM="0") if case == "without" else env
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=case_env)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not lines:
             print(proc.stdout, proc.stderr, file=sys.stderr)
@@ -93,6 +116,8 @@ def main() -> int:
             row += f"{fmt(r['after']['allocated']):>18}{fmt(r['after']['reserved']):>17}{fmt(r['after']['free']):>20}"
         print(row)
     without, with_ = results
+    print()
+    print_resident(results)
     print()
     print(
         f"Left resident without the shim: {without['after']['caches']['entries']} cached FP8 weights, "

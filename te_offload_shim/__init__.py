@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
+    from .device_residue import ResidueReport
     from .te_caches import CacheReport
 
 __version__ = "0.2.0"
@@ -26,6 +27,7 @@ __all__ = [
     "install",
     "installed",
     "ray_setup",
+    "residue",
     "scan",
     "stats",
     "status",
@@ -198,10 +200,14 @@ def _layers(target: "Target") -> "int":
 
 
 def stats() -> "dict[str, Any]":
-    """Totals so far in this process: calls, entries, bytes (and per target)."""
+    """Totals so far in this process: calls, entries, bytes (and per target); `audit`: the latest
+    residue report of `TE_OFFLOAD_SHIM_AUDIT` (None until one ran)."""
     from . import _offload
 
-    return _offload.stats()
+    result = _offload.stats()
+    audit = sys.modules.get(f"{__name__}.audit")
+    result["audit"] = audit.latest() if audit is not None else None
+    return result
 
 
 def clear_fp8_workspaces(models: "object", *, strict: "bool | None" = None) -> "CacheReport":
@@ -216,6 +222,14 @@ def scan(models: "object") -> "CacheReport":
     from .te_caches import scan as scan_
 
     return scan_(models)
+
+
+def residue(models: "object", *, device_type: "str | None" = None) -> "ResidueReport":
+    """What `models` still hold on a device (any but the CPU, or exactly `device_type`), by
+    category, each storage once; with the process's allocator and driver numbers. Changes nothing."""
+    from .device_residue import residue as residue_
+
+    return residue_(models, device_type=device_type)
 
 
 def ray_setup() -> "None":

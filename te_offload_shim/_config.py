@@ -16,7 +16,8 @@ STRICT = "TE_OFFLOAD_SHIM_STRICT"
 DISABLE = "TE_OFFLOAD_SHIM_DISABLE"
 TARGETS = "TE_OFFLOAD_SHIM_TARGETS"
 FORCE_CUDA_GRAPHS = "TE_OFFLOAD_SHIM_FORCE_CUDA_GRAPHS"
-ALL_SWITCHES = (ENABLE, STRICT, DISABLE, TARGETS, FORCE_CUDA_GRAPHS)
+AUDIT = "TE_OFFLOAD_SHIM_AUDIT"
+ALL_SWITCHES = (ENABLE, STRICT, DISABLE, TARGETS, FORCE_CUDA_GRAPHS, AUDIT)
 
 
 def _flag(name: "str", default: "bool") -> "bool":
@@ -41,6 +42,20 @@ def strict() -> "bool":
 def force_with_cuda_graphs() -> "bool":
     """True when the user states their CUDA graphs are re-captured after an offload."""
     return _flag(FORCE_CUDA_GRAPHS, False)
+
+
+def audit() -> "bool":
+    """True when TE_OFFLOAD_SHIM_AUDIT is on (1/true/yes/on, or a device type): after each wrapped
+    offload, report what is still on the device."""
+    value = os.environ.get(AUDIT, "").strip().lower()
+    return bool(value) and value not in _FALSE
+
+
+def audit_device_type() -> "str | None":
+    """The device type the audit counts: None (any device but the CPU) for 1/true/yes/on, else the
+    value itself (`cuda`, or `cpu` to see the audit work on a machine without an accelerator)."""
+    value = os.environ.get(AUDIT, "").strip().lower()
+    return None if value in _TRUE or value in _FALSE or not value else value
 
 
 def disabled_targets() -> "frozenset[str]":

@@ -109,16 +109,23 @@ class Handler:
         try:
             # An offload that calls another patched offload (a subclass calling super(), verl's
             # function reaching Megatron's) was cleared by the outermost wrapper already.
+            pending = None
             if depth == 0:
-                self._clear_failing_open(instance, args, kwargs)
-            return wrapped(*args, **kwargs)
+                models = self._clear_failing_open(instance, args, kwargs)
+                if _config.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
+                    pending = self._begin_audit(models, instance, args, kwargs)
+            result = wrapped(*args, **kwargs)
+            if pending is not None:
+                pending.finish()  # never raises
+            return result
         finally:
             _inside.depth = depth
 
-    def _clear_failing_open(self, instance: Any, args: tuple, kwargs: dict) -> None:
+    def _clear_failing_open(self, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """Clear this call's caches; returns the model chunks it found (None if it found none)."""
         try:
             if _config.enabled() and not _config.is_disabled(self.target.name):
-                self._clear(instance, args, kwargs)
+                return self._clear(instance, args, kwargs)
         except Exception as exc:
             if _config.strict():
                 raise
@@ -130,6 +137,19 @@ class Handler:
                 self.target.path,
                 repr_safe(exc),
             )
+        return None
+
+    def _begin_audit(self, models: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        from . import audit
+
+        try:
+            if models is None:  # the clearing stepped aside (or is off): find the chunks for the audit
+                call = self._bind(instance, args, kwargs)
+                models = self._chunks(call)[0] if call is not None else None
+        except Exception as exc:
+            audit.fail("locate", exc)
+            models = None
+        return audit.begin(self.target, models)
 
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
         if self.takes_self and instance is not None:
@@ -155,22 +175,27 @@ class Handler:
                 obj = obj()
         return obj
 
-    def _clear(self, instance: Any, args: tuple, kwargs: dict) -> None:
+    def _chunks(self, call: Mapping[str, Any]) -> tuple[Any, Any]:
+        """(model chunks, parameters to limit the clearing to) of a bound call."""
+        models = self._locate(call)
+        if self.target.resolve is not None and models is not None:
+            return self.target.resolve(models)
+        return models, None
+
+    def _clear(self, instance: Any, args: tuple, kwargs: dict) -> Any:
         target = self.target
         call = self._bind(instance, args, kwargs)
         if call is None:
-            return
+            return None
         if target.when is not None and not target.when(call):
-            return
+            return None
         reason = target.step_aside(call) if target.step_aside is not None else None
         if reason:
             log(10, "te_offload_shim: %s: stepping aside: %s", target.path, reason)
-            return
-        models = self._locate(call)
-        params = None
-        if target.resolve is not None and models is not None:
-            models, params = target.resolve(models)
+            return None
+        models, params = self._chunks(call)
         _record(target, te_caches.clear_fp8_workspaces(models, params=params, strict=_config.strict()))
+        return models
 
 
 def repr_safe(obj: object) -> str:

@@ -108,6 +108,8 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         "user_target_problems": shim["user_target_problems"],
         "hook_errors": shim["hook_errors"],
         "imported": do_import,
+        # TE_OFFLOAD_SHIM_AUDIT: the latest residue report of this process (None until an offload ran here)
+        "audit": {"enabled": _config.audit(), "latest": te_offload_shim.stats()["audit"]},
     }
     problems, warnings = _assess(report)
     report["healthy"] = not problems

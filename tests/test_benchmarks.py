@@ -73,6 +73,17 @@ def test_walk_both_sides_clear_the_same_tree() -> None:
     assert "clearing walk" in stdout and "ratio" in stdout
 
 
+def test_residue_audit_runs_the_audit_and_counts_the_resident_tree() -> None:
+    result, stdout = _run("residue.py", "--quick")
+    (case,) = result["cases"]
+    assert [r["case"].split(": ")[1] for r in result["rows"]] == ["after the shim's offload", "everything resident"]
+    assert case["after_offload_total_bytes"] == 0, "the audited tree has nothing on a device"
+    assert case["worst_storages"] > case["entries"] > 0
+    assert case["worst_by_category"]["fp8_workspaces"] > 0 and case["worst_by_category"]["parameters"] > 0
+    assert case["after_offload"]["ours_s"] > 0 and case["worst"]["reference_s"] > 0
+    assert "residue audit" in stdout
+
+
 def test_offload_overhead_same_offload_work_except_clearing() -> None:
     _verl("0.8.0")
     result, _ = _run("offload_overhead.py", "--quick")

@@ -1,0 +1,106 @@
+"""`TE_OFFLOAD_SHIM_AUDIT=1`: after each wrapped offload returns, what it left on the device.
+
+The call path asks `begin()` right before the original offload runs (the shim's own clearing is
+done by then) and calls `finish()` on what it got once the original has returned. In between this
+holds the located model chunks, as the call itself does; afterwards nothing: the report kept for
+`stats()` is plain data. Nothing here may raise into the offload, strict mode included: a
+diagnostic that can break the run it diagnoses would not be switched on.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import _config
+from ._locks import Lock
+from ._log import log, rank_prefix, warn_once
+
+if TYPE_CHECKING:
+    from .targets import Target
+
+_lock = Lock()
+_audits = 0
+_latest: dict[str, Any] | None = None
+
+
+def latest() -> dict[str, Any] | None:
+    """The last audit's report as plain data (`ResidueReport.as_dict()` plus target, count, time)."""
+    with _lock:
+        return None if _latest is None else dict(_latest)
+
+
+def reset() -> None:
+    global _audits, _latest
+    with _lock:
+        _audits, _latest = 0, None
+
+
+class Pending:
+    """An offload under audit: its chunks and the process numbers from before it ran."""
+
+    __slots__ = ("before", "device_type", "models", "started", "target")
+
+    def __init__(self, target: Target, models: Any, device_type: str | None, before: list[Any]) -> None:
+        self.target = target
+        self.models = models
+        self.device_type = device_type
+        self.before = before
+        self.started = time.perf_counter()
+
+    def finish(self) -> None:
+        """Report and log what the offload left. Never raises."""
+        try:
+            _finish(self)
+        except Exception as exc:
+            fail("finish", exc)
+        finally:
+            self.models = None
+
+
+def begin(target: Target, models: Any) -> Pending | None:
+    """Start auditing one offload of `models`: the process numbers now. Never raises."""
+    try:
+        from .process_memory import device_memory
+
+        torch = sys.modules.get("torch")
+        before = device_memory(torch) if torch is not None else []
+        return Pending(target, models, _config.audit_device_type(), before)
+    except Exception as exc:
+        fail("begin", exc)
+        return None
+
+
+def _finish(pending: Pending) -> None:
+    global _audits, _latest
+    from . import device_residue as residue
+
+    report = residue.residue(pending.models, device_type=pending.device_type)
+    report.memory_before = pending.before
+    seconds = time.perf_counter() - pending.started
+    with _lock:
+        _audits += 1
+        first = _audits == 1
+        _latest = {
+            "target": pending.target.path,
+            "audits": _audits,
+            "offload_s": seconds,
+            "time": time.time(),
+            **report.as_dict(),
+        }
+    log(
+        logging.INFO if first else logging.DEBUG,
+        "te_offload_shim: %saudit after %s: %s",
+        rank_prefix(),
+        pending.target.path,
+        report.summary(),
+    )
+
+
+def fail(step: str, exc: BaseException) -> None:
+    try:
+        warn_once(f"audit:{step}:{type(exc).__name__}", "te_offload_shim: residue audit (%s) failed: %r", step, exc)
+    except Exception:  # pragma: no cover - warn_once itself never raises
+        pass

@@ -1,0 +1,403 @@
+"""What a model still holds on a device, by category, and what the process's allocator and the
+driver say: the report users otherwise assemble by hand from memory snapshots after an offload.
+
+One walk over the model chunks reads instance dicts only (never `nn.Module.__getattr__`, never a
+property of a module), finds every tensor on the selected device, and counts each storage once.
+It moves, frees and keeps nothing: the report holds names and numbers, no tensor or module.
+Like `te_caches`, it never imports torch: torch comes from `sys.modules`.
+
+A storage found through several holders is counted once, for the first category in `CATEGORIES`
+order: a parameter that is a view into megatron DDP's `param_data` counts under `ddp_buffers`
+(that buffer is the allocation), a `main_grad` view into `grad_data` likewise; a cache entry that
+shares a parameter's storage counts under `parameters`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from dataclasses import dataclass, field
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+from typing import Any
+
+from . import te_bytes, te_caches
+from ._log import human_bytes
+from .process_memory import DeviceMemory, device_memory, te_global_memory
+
+CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
+TOP = 10
+# Megatron DDP (megatron/core/distributed/distributed_data_parallel.py): `self.buffers` and
+# `self.expert_parallel_buffers` hold `_ParamAndGradBuffer`s whose `param_data` / `grad_data`
+# (and `shared_buffer`) are the allocations the parameters and `main_grad`s are views into.
+DDP_BUFFER_LISTS = ("buffers", "expert_parallel_buffers")
+_DDP_BUFFER_MARKS = ("param_data", "grad_data")
+# Gradients Megatron keeps on the parameter object itself (DDP's `main_grad`; `decoupled_grad` for
+# the precision-aware optimizer, megatron/core/optimizer).
+GRAD_ATTRS = ("main_grad", "decoupled_grad")
+# Inner tensors of a TE FP8 primary weight (fp8_param / fp8_model_init) that are the transposed /
+# columnwise copy kept beside the rowwise data (TE tensor/float8_tensor.py `_transpose`,
+# mxfp8/float8_blockwise/nvfp4 `_columnwise_*`): about one byte per weight element, outside the
+# DDP buffer. The rest of such a parameter counts as `parameters`.
+COLUMNWISE_ATTRS = frozenset(
+    {
+        "_transpose",
+        "_columnwise_data",
+        "_columnwise_scale_inv",
+        "_amax_columnwise",
+        "columnwise_data",
+        "columnwise_scale_inv",
+        "_columnwise_storage",
+        "columnwise_gemm_tensor",
+    }
+)
+# `other`: how far to follow a module attribute into containers and plain objects (MoE token
+# dispatcher state sits one object below its module, TE's FP8 recipe state two), and how many
+# items of one container to read.
+_MAX_DEPTH = 3
+_MAX_ITEMS = 4096
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_OPAQUE = (type, ModuleType, FunctionType, MethodType, BuiltinFunctionType)
+
+
+@dataclass
+class Holder:
+    """One place that keeps bytes on the device: module path (`chunk0.module.decoder...`) and
+    attribute (`weight`, `weight.main_grad`, `_fp8_workspaces[weight]`, `buffers[0].param_data`)."""
+
+    path: str
+    attribute: str
+    category: str
+    bytes: int
+
+
+@dataclass
+class ResidueReport:
+    """What `residue()` found. `total_bytes` is the sum of `by_category` (unique storages);
+    `other` breaks the `other` category down by attribute name, largest first; `top` are the
+    largest holders; `te_global` is TE's process-global memory (not in `total_bytes`, never
+    cleared by the shim; None where present but not sizeable from Python); `memory` the process
+    numbers now (empty until CUDA is initialised), `memory_before` those at the start of the offload
+    when the audit made the report."""
+
+    device_type: str | None = None
+    total_bytes: int = 0
+    storages: int = 0
+    by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    other: dict[str, int] = field(default_factory=dict)
+    top: list[Holder] = field(default_factory=list)
+    te_global: dict[str, int | None] = field(default_factory=dict)
+    memory: list[DeviceMemory] = field(default_factory=list)
+    memory_before: list[DeviceMemory] | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "device_type": self.device_type,
+            "total_bytes": self.total_bytes,
+            "storages": self.storages,
+            "by_category": dict(self.by_category),
+            "other": dict(self.other),
+            "top": [vars(h).copy() for h in self.top],
+            "te_global": dict(self.te_global),
+            "memory": [vars(m).copy() for m in self.memory],
+            "memory_before": None if self.memory_before is None else [vars(m).copy() for m in self.memory_before],
+            "errors": list(self.errors),
+        }
+
+    def summary(self) -> str:
+        """One line: the residue by category, TE's global memory, the allocator and driver numbers."""
+        parts = [f"{name} {human_bytes(n)}" for name, n in self.by_category.items() if n]
+        if self.other:
+            largest = ", ".join(f"{k} {human_bytes(v)}" for k, v in list(self.other.items())[:3])
+            parts[-1] += f" ({largest})"
+        where = self.device_type or "device"
+        line = f"left on {where}: {human_bytes(self.total_bytes)}" + (f" ({', '.join(parts)})" if parts else "")
+        if self.te_global:
+            te = ", ".join(f"{k} {human_bytes(v) if v is not None else 'present'}" for k, v in self.te_global.items())
+            line += f"; TE process-global: {te}"
+        before = {m.device: m for m in self.memory_before or ()}
+        for m in self.memory:
+            b = before.get(m.device)
+            line += (
+                f"; {m.device} allocated {_change(None if b is None else b.allocated, m.allocated)}, "
+                f"reserved {_change(None if b is None else b.reserved, m.reserved)} "
+                f"(reserved-unallocated {human_bytes(m.reserved_unallocated)})"
+            )
+            if m.driver_used is not None:
+                line += (
+                    f", driver used {_change(None if b is None else b.driver_used, m.driver_used)} "
+                    f"free {human_bytes(m.driver_free)} of {human_bytes(m.driver_total)}"
+                )
+        if not self.memory:
+            line += "; CUDA not initialised: no allocator numbers"
+        if self.errors:
+            line += f"; {len(self.errors)} error(s): {self.errors[0]}"
+        return line
+
+
+def _change(before: int | None, after: int) -> str:
+    return human_bytes(after) if before is None else f"{human_bytes(before)} -> {human_bytes(after)}"
+
+
+def _torch() -> Any:
+    return sys.modules.get("torch")
+
+
+def residue(models: object, *, device_type: str | None = None, top: int = TOP) -> ResidueReport:
+    """Every tensor `models` (a module or a list of model chunks) still holds on a device, by
+    category, each storage counted once, with the process's allocator and driver numbers.
+
+    `device_type=None` counts tensors on any device that is not the CPU; `"cuda"`, `"cpu"`...
+    count exactly that device type. Never raises: what went wrong is in `errors`."""
+    report = ResidueReport(device_type=device_type)
+    torch = _torch()
+    if torch is None:
+        return report
+    try:
+        chunks, refused = te_caches.as_chunks(models)  # never iterates what the offload will iterate
+        if refused is not None:
+            report.errors.append(f"models not inspected: {refused}")
+        _Walk(torch, device_type).run(chunks, report, top)
+    except Exception as exc:  # a diagnostic must not fail the run it diagnoses
+        report.errors.append(f"walk: {type(exc).__name__}: {exc}")
+    try:
+        report.te_global = te_global_memory(torch, device_type)
+    except Exception as exc:
+        report.errors.append(f"TE global: {type(exc).__name__}: {exc}")
+    report.memory = device_memory(torch)
+    return report
+
+
+# A node of the module tree: (parent node, name). Paths are joined only for the reported holders.
+_Node = tuple[Any, str]
+
+
+def _label(attribute: str | tuple[str, Any]) -> str:
+    return attribute if isinstance(attribute, str) else f"{attribute[0]}[{attribute[1]}]"
+
+
+def _path(node: _Node | None) -> str:
+    parts = []
+    while node is not None:
+        node, name = node
+        parts.append(name)
+    return ".".join(reversed(parts))
+
+
+class _Walk:
+    """One pass: collect (category, holder, tensor) for tensors on the device, then claim storages
+    in category order."""
+
+    def __init__(self, torch: Any, device_type: str | None) -> None:
+        self.torch = torch
+        self.plain = (torch.Tensor, torch.nn.Parameter)
+        self.module_type = torch.nn.Module
+        self.found: dict[str, list[tuple[_Node, Any, str, Any]]] = {c: [] for c in CATEGORIES}
+        self.seen_objects: set[int] = set()
+        self.internal = frozenset(torch.nn.Module().__dict__) | {
+            te_caches.WORKSPACES,
+            te_caches.LEGACY_MARKER,
+            *te_caches.LEGACY_ATTRS,
+        }
+        if device_type is None:
+            self.on_device = lambda t: not t.is_cpu
+        elif device_type == "cpu":
+            self.on_device = lambda t: t.is_cpu
+        elif device_type == "cuda":
+            self.on_device = lambda t: t.is_cuda
+        else:
+            self.on_device = lambda t: t.device.type == device_type
+
+    # --- collecting ---------------------------------------------------------------------------
+
+    def add(self, category: str, node: _Node, attribute: str | tuple[str, Any], value: Any, key: str = "") -> None:
+        """Every plain tensor holding `value`'s bytes, if it is on the device."""
+        if type(value) in self.plain:
+            if self.on_device(value):
+                self.found[category].append((node, attribute, key, value))
+            return
+        if value is None:
+            return
+        inner: list[Any] = []
+        te_bytes.inner_tensors(value, self.torch, inner)
+        on_device = self.on_device
+        for t in inner:
+            if on_device(t):
+                self.found[category].append((node, attribute, key, t))
+
+    def run(self, chunks: list[Any], report: ResidueReport, top: int) -> None:
+        # Runs once per module of models of up to millions of modules: local aliases, and labels
+        # kept as (name, key) until a holder is reported.
+        stack: list[tuple[Any, _Node]] = [(chunk, (None, f"chunk{i}")) for i, chunk in enumerate(chunks)]
+        stack.reverse()
+        seen: set[int] = set()
+        pop, push, mark = stack.pop, stack.extend, seen.add
+        internal, plain, check = self.internal, self.plain, self.on_device
+        params_found, buffers_found = self.found["parameters"], self.found["buffers"]
+        workspaces_key, legacy_marker = te_caches.WORKSPACES, te_caches.LEGACY_MARKER
+        while stack:
+            module, node = pop()
+            if id(module) in seen:
+                continue
+            mark(id(module))
+            d = module.__dict__
+            try:
+                params = d.get("_parameters")
+                if params:
+                    for name, p in params.items():
+                        if type(p) in plain and p.grad is None and not p.__dict__:
+                            if check(p):  # the common case, without a call per parameter
+                                params_found.append((node, name, "", p))
+                        elif p is not None:
+                            self.parameter(node, name, p)
+                buffers = d.get("_buffers")
+                if buffers:
+                    for name, b in buffers.items():
+                        if type(b) in plain:
+                            if check(b):
+                                buffers_found.append((node, name, "", b))
+                        elif b is not None:
+                            self.add("buffers", node, name, b)
+                workspaces = d.get(workspaces_key)
+                if workspaces:
+                    self.workspaces(node, workspaces)
+                if legacy_marker in d:  # TE < 1.8: never cleared (see te_caches)
+                    for name in te_caches.LEGACY_ATTRS:
+                        self.add("fp8_workspaces", node, name, d.get(name))
+                extra = d.keys() - internal
+                if extra:
+                    self.attributes(node, d, extra)
+            except Exception as exc:  # one odd module must not hide the rest
+                report.errors.append(f"{_path(node)}: {type(exc).__name__}: {exc}")
+            children = d.get("_modules")
+            if children:
+                push([(c, (node, n)) for n, c in reversed(children.items()) if c is not None])
+        self.claim(report, top)
+
+    def workspaces(self, node: _Node, workspaces: Any) -> None:
+        if type(workspaces) is dict:
+            for key, value in workspaces.items():
+                self.add("fp8_workspaces", node, (te_caches.WORKSPACES, key), value)
+        else:  # not TE's plain dict: whatever tensors it holds
+            self.add("fp8_workspaces", node, te_caches.WORKSPACES, workspaces)
+
+    def attributes(self, node: _Node, d: dict, names: set[str]) -> None:
+        for name in sorted(names):
+            value = d[name]
+            if type(value) in _SCALARS:
+                continue
+            if name in DDP_BUFFER_LISTS and self.ddp_buffers(node, name, value):
+                continue
+            self.other(node, name, name, value, 0)
+
+    def parameter(self, node: _Node, name: str, p: Any) -> None:
+        if type(p) in self.plain:
+            self.add("parameters", node, name, p)
+        else:  # a TE FP8 primary weight (or another tensor subclass)
+            parts = [(n, getattr(p, n, None)) for n in te_bytes.INNER_ATTRS]
+            parts = [(n, v) for n, v in parts if v is not None and v is not p]
+            if not parts:
+                self.add("parameters", node, name, p)
+            for inner_name, value in parts:
+                category = "fp8_param_caches" if inner_name in COLUMNWISE_ATTRS else "parameters"
+                self.add(category, node, f"{name}.{inner_name}", value)
+        grad = p.grad
+        if grad is not None:
+            self.add("gradients", node, f"{name}.grad", grad)
+        own = getattr(p, "__dict__", None)
+        if own:
+            for grad in GRAD_ATTRS:
+                if grad in own:
+                    self.add("gradients", node, f"{name}.{grad}", own[grad])
+
+    def ddp_buffers(self, node: _Node, name: str, value: Any) -> bool:
+        if not isinstance(value, (list, tuple)) or not value:
+            return False
+        found = False
+        for i, buffer in enumerate(value):
+            fields = getattr(buffer, "__dict__", None)
+            if not isinstance(fields, dict) or not any(m in fields for m in _DDP_BUFFER_MARKS):
+                continue
+            found = True
+            for field_name, item in fields.items():
+                label = f"{name}[{i}].{field_name}"
+                if isinstance(item, (list, tuple)):
+                    for part in item[:_MAX_ITEMS]:
+                        if isinstance(part, self.torch.Tensor):
+                            self.add("ddp_buffers", node, label, part)
+                elif isinstance(item, self.torch.Tensor):
+                    self.add("ddp_buffers", node, label, item)
+        return found
+
+    def other(self, node: _Node, label: str, key: str, value: Any, depth: int) -> None:
+        """Tensors a module keeps outside parameters and buffers, by attribute path (`key` leaves
+        out container positions, so `other` adds them up per attribute)."""
+        kind = type(value)
+        if kind in _SCALARS:
+            return
+        if kind in self.plain or isinstance(value, self.torch.Tensor):
+            self.add("other", node, label, value, key)
+            return
+        if isinstance(value, _OPAQUE) or isinstance(value, self.module_type):
+            return  # modules are walked through `_modules`; one merely referenced is not ours
+        try:
+            storage = te_bytes._is_storage(value)  # a TE quantized value outside the workspace dict
+        except Exception:  # a proxy whose __getattr__ raises something else than AttributeError
+            return
+        if storage:
+            self.add("other", node, label, value, key)
+            return
+        if depth >= _MAX_DEPTH:
+            return
+        if id(value) in self.seen_objects:
+            return
+        self.seen_objects.add(id(value))
+        if kind in (list, tuple):
+            for i, item in enumerate(value[:_MAX_ITEMS]):
+                self.other(node, f"{label}[{i}]", key, item, depth + 1)
+        elif isinstance(value, dict):
+            for i, (k, item) in enumerate(value.items()):
+                if i >= _MAX_ITEMS:
+                    break
+                if isinstance(k, str):
+                    self.other(node, f"{label}[{k}]", f"{key}.{k}", item, depth + 1)
+                else:
+                    self.other(node, f"{label}[{i}]", key, item, depth + 1)
+        else:
+            fields = getattr(value, "__dict__", None)
+            if isinstance(fields, dict):
+                for k, item in list(fields.items())[:_MAX_ITEMS]:
+                    self.other(node, f"{label}.{k}", f"{key}.{k}", item, depth + 1)
+
+    # --- counting -----------------------------------------------------------------------------
+
+    def claim(self, report: ResidueReport, top: int) -> None:
+        claimed: set[int] = set()
+        holders: dict[tuple[int, str, str], list[Any]] = {}
+        other: dict[str, int] = {}
+        for category in CATEGORIES:
+            total = 0
+            for node, attribute, key, t in self.found[category]:
+                try:
+                    storage = t.untyped_storage()
+                    address, size = storage.data_ptr(), storage.nbytes()
+                except Exception as exc:  # a tensor subclass without a storage (DTensor, fake)
+                    if len(report.errors) < 10:
+                        report.errors.append(f"{_path(node)}.{_label(attribute)}: {type(exc).__name__}: {exc}")
+                    continue
+                if not address or not size or address in claimed:
+                    continue
+                claimed.add(address)
+                total += size
+                slot = holders.setdefault((id(node), attribute, category), [node, attribute, category, 0])
+                slot[3] += size
+                if category == "other":
+                    name = key or _label(attribute)
+                    other[name] = other.get(name, 0) + size
+            report.by_category[category] = total
+        report.storages = len(claimed)
+        report.total_bytes = sum(report.by_category.values())
+        report.other = dict(sorted(other.items(), key=lambda kv: -kv[1]))
+        largest = heapq.nlargest(top, holders.values(), key=lambda s: s[3])
+        report.top = [Holder(_path(node), _label(attribute), category, n) for node, attribute, category, n in largest]
+        self.found.clear()

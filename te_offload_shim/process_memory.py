@@ -1,0 +1,139 @@
+"""What a process holds on its devices outside any model: the allocator's and the driver's numbers
+per CUDA device, and Transformer Engine's process-global allocations. Read only: never initialises
+CUDA, never creates a context on a device, never calls or clears anything of TE's. Torch is taken
+from the caller, never imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from . import te_bytes
+
+_TE_BASE = "transformer_engine.pytorch.module.base"
+_TE_GEMM = "transformer_engine.pytorch.cpp_extensions.gemm"
+
+
+@dataclass
+class DeviceMemory:
+    """One CUDA device as this process's allocator and the driver see it.
+
+    `allocated`: bytes in live tensors of this process (PyTorch's caching allocator).
+    `reserved`: what the allocator holds from the driver, allocated or cached for reuse.
+    `reserved_unallocated`: reserved - allocated, cached blocks nobody else can use until
+    `torch.cuda.empty_cache()`, and only whole free segments are returned then (fragmentation).
+    `driver_used` / `driver_free` / `driver_total`: `torch.cuda.mem_get_info`, the whole device:
+    every process on it, CUDA contexts, NCCL, memory allocated outside PyTorch's allocator.
+    `outside_allocator`: driver_used - reserved, what this allocator cannot account for."""
+
+    device: str
+    allocated: int
+    reserved: int
+    reserved_unallocated: int
+    driver_used: int | None
+    driver_free: int | None
+    driver_total: int | None
+    outside_allocator: int | None
+
+
+# --- TE's process-global memory -----------------------------------------------------------------
+
+
+def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, int | None]:
+    """TE's per-process allocations outside any module, where this process has TE loaded.
+
+    * `_dummy_wgrads` (module/base.py, 2.4+): weight-sized zero gradients, one per shape and dtype,
+      rebuilt lazily; verl frees them with the optimizer offload, the shim never does.
+    * cuBLAS workspaces: module globals `_cublas_workspace` / `_multi_stream_cublas_workspace` in
+      module/base.py up to 2.9; from 2.10 the results of `functools.lru_cache`d
+      `cpp_extensions/gemm.py:get_cublas_workspace`, read (not called) through the cache's own
+      dict. Small (32 MiB each on Hopper); a captured CUDA graph holds their addresses.
+    * userbuffers (`_ub_communicators`): allocated by TE's C++ outside PyTorch's allocator, so their
+      bytes are not visible here: reported as present (None), seen only in `driver_used`."""
+    base = sys.modules.get(_TE_BASE)
+    gemm = sys.modules.get(_TE_GEMM)
+    if base is None and gemm is None:
+        return {}
+    if device_type is None:
+
+        def on_device(t: Any) -> bool:
+            return not t.is_cpu
+
+    else:
+
+        def on_device(t: Any) -> bool:
+            return bool(t.device.type == device_type)
+
+    def size(values: Any) -> int:
+        tensors: list[Any] = []
+        te_bytes.inner_tensors(list(values), torch, tensors)
+        return sum(te_bytes.storages([t for t in tensors if on_device(t)], torch).values())
+
+    found: dict[str, int | None] = {}
+    g = vars(base) if base is not None else {}
+    wgrads = g.get("_dummy_wgrads")
+    if isinstance(wgrads, dict):
+        found["_dummy_wgrads"] = size(wgrads.values())
+    workspaces = [g.get("_cublas_workspace"), *(g.get("_multi_stream_cublas_workspace") or ())]
+    cached = _lru_cache_values(getattr(gemm, "get_cublas_workspace", None))
+    if "_cublas_workspace" in g or cached is not None:
+        found["cublas_workspaces"] = size([*workspaces, *(cached or ())])
+    if g.get("_ub_communicators"):
+        found["userbuffers"] = None
+    return found
+
+
+def _lru_cache_values(function: Any) -> list[Any] | None:
+    """The values a `functools.lru_cache(maxsize=None)` wrapper holds, without calling it (which
+    could allocate). CPython's C wrapper keeps them in a dict it reports to the garbage collector."""
+    if function is None or not hasattr(function, "cache_info"):
+        return None
+    import gc
+
+    own = getattr(function, "__dict__", None)
+    for referent in gc.get_referents(function):
+        if type(referent) is dict and referent is not own:
+            return list(referent.values())
+    return None
+
+
+# --- the process's numbers ----------------------------------------------------------------------
+
+
+def device_memory(torch: Any) -> list[DeviceMemory]:
+    """Allocator and driver numbers for every CUDA device this process has a context on; empty
+    while CUDA is not initialised. Never initialises CUDA nor creates a context on a device."""
+    try:
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return []
+        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+        devices = []
+        for i in range(cuda.device_count()):
+            if has_context(i) if has_context is not None else cuda.memory_reserved(i) > 0:
+                devices.append(i)
+        out = []
+        for i in devices:
+            allocated, reserved = int(cuda.memory_allocated(i)), int(cuda.memory_reserved(i))
+            try:
+                free, total = (int(x) for x in cuda.mem_get_info(i))
+                used: int | None = total - free
+            except Exception:
+                free = total = used = None  # type: ignore[assignment]
+            out.append(
+                DeviceMemory(
+                    device=f"cuda:{i}",
+                    allocated=allocated,
+                    reserved=reserved,
+                    reserved_unallocated=reserved - allocated,
+                    driver_used=used,
+                    driver_free=free,
+                    driver_total=total,
+                    outside_allocator=None if used is None else used - reserved,
+                )
+            )
+        return out
+    except Exception:  # numbers are a bonus; their absence must not fail the report
+        return []

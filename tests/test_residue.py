@@ -1,0 +1,286 @@
+"""The residue report (`te_offload_shim.residue`) and the `TE_OFFLOAD_SHIM_AUDIT` line.
+
+Models are built on the CPU and reported with `device_type="cpu"`, so every tensor counts; the
+expected bytes are worked out by hand from the shapes and dtypes below, not by the code under test.
+Heavy imports stay inside the functions: some tests here run in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+F32 = 4  # bytes per float32 element
+
+
+def _model() -> tuple[object, dict[str, int]]:
+    """A module tree holding known tensors in every category, and the bytes each must report."""
+    import torch
+
+    from harness import te_standins as te
+
+    class DDPBuffer:  # megatron `_ParamAndGradBuffer`'s fields (param_and_grad_buffer.py, core_v0.16.1)
+        def __init__(self, n: int) -> None:
+            self.param_data = torch.zeros(n)
+            self.grad_data = torch.zeros(n)
+            self.numel = n
+
+    class Dispatcher:  # a plain object a module keeps state in (MoE token dispatchers do)
+        pass
+
+    root = torch.nn.Module()
+    root.buffers = [DDPBuffer(32)]  # megatron DDP's attribute: 2 x 32 float32
+    lin = root.lin = torch.nn.Linear(4, 8)  # weight 32 + bias 8 float32
+    lin.weight.grad = torch.ones(8, 4)  # 32 float32
+    lin.weight.main_grad = torch.ones(8, 4, dtype=torch.float64)  # 32 float64
+    in_buffer = root.in_buffer = torch.nn.Linear(2, 4, bias=False)
+    in_buffer.weight.data = root.buffers[0].param_data[:8].view(4, 2)  # a view into the DDP buffer
+    in_buffer.weight.main_grad = root.buffers[0].grad_data[:8].view(4, 2)
+    root.register_buffer("inv_freq", torch.ones(16))  # 16 float32
+    layer = root.te = te.TELinearStandIn(16, 8)  # its float32 weight: 128 elements
+    te.fill_like_forward(layer)  # Float8TensorV2 of 16x8: _data 128 + _transpose 128 + _scale_inv 4 bytes
+    fp8 = root.fp8 = torch.nn.Module()  # an FP8 primary weight (fp8_model_init): 8x8
+    fp8._parameters["weight"] = te.Float8TensorV2(torch.randn(8, 8))  # _data 64, _scale_inv 4 | _transpose 64
+    legacy = root.legacy = torch.nn.Module()
+    te.attach_legacy(legacy, [torch.randn(8, 8)])  # TE < 1.8: two Float8TensorV1 of 64 + 4 bytes each
+    root.dispatcher = Dispatcher()
+    root.dispatcher.tokens_per_expert = torch.ones(100)  # 100 float32
+    root.dispatcher.state = Dispatcher()
+    root.dispatcher.state.splits = torch.ones(10)  # 10 float32, two objects down
+    root.cache = [torch.ones(5), torch.ones(5)]  # 2 x 5 float32
+    root.lookup = {"probs": torch.ones(3)}  # 3 float32
+    root.alias = lin.weight.detach()[:2]  # a view of a parameter: already counted
+    root.twice = root.lin  # the same module registered twice: counted once
+    expected = {
+        "ddp_buffers": 2 * 32 * F32,
+        "parameters": (32 + 8) * F32 + 128 * F32 + (64 + 4),
+        "fp8_param_caches": 64,
+        "gradients": 32 * F32 + 32 * 8,
+        "buffers": 16 * F32,
+        "fp8_workspaces": (128 + 128 + 4) + 2 * (64 + 4),
+        "other": (100 + 10 + 10 + 3) * F32,
+    }
+    return root, expected
+
+
+def test_every_category_exact_bytes_and_storages_counted_once() -> None:
+    import te_offload_shim as shim
+
+    root, expected = _model()
+    report = shim.residue([root], device_type="cpu")
+    assert report.errors == []
+    assert report.by_category == expected
+    assert report.total_bytes == sum(expected.values())
+    assert report.other == {
+        "dispatcher.tokens_per_expert": 400,
+        "cache": 40,
+        "dispatcher.state.splits": 40,
+        "lookup.probs": 12,
+    }
+    assert list(report.other) == sorted(report.other, key=lambda k: -report.other[k]), "largest first"
+    top = {(h.path, h.attribute): (h.category, h.bytes) for h in report.top}
+    assert top[("chunk0", "dispatcher.tokens_per_expert")] == ("other", 400)
+    assert top[("chunk0.te", "_fp8_workspaces[weight]")] == ("fp8_workspaces", 260)
+    assert top[("chunk0.lin", "weight.main_grad")] == ("gradients", 256)
+    assert top[("chunk0", "buffers[0].param_data")] == ("ddp_buffers", 128)
+    assert (report.top[0].path, report.top[0].attribute, report.top[0].bytes) == ("chunk0.te", "weight", 128 * F32)
+    assert [h.bytes for h in report.top] == sorted((h.bytes for h in report.top), reverse=True)
+    assert len(report.top) == 10
+    assert report.memory == [] and "CUDA not initialised" in report.summary()
+    d = report.as_dict()
+    assert d["by_category"] == expected and d["top"][0]["path"] == "chunk0.te" and d["memory_before"] is None
+    # Any device but the CPU (the default): on this machine nothing is there.
+    assert shim.residue([root]).total_bytes == 0
+    assert shim.residue(root, device_type="meta").total_bytes == 0
+
+
+def test_nothing_moved_freed_or_kept_alive() -> None:
+    import gc
+    import weakref
+
+    import torch
+
+    import te_offload_shim as shim
+
+    root, _ = _model()
+    tensors = {
+        n: t for n, t in root.state_dict(keep_vars=True).items() if type(t) is torch.Tensor or n.endswith("bias")
+    }
+    snapshot = {n: (t.data_ptr(), t.device, t.detach().clone()) for n, t in tensors.items()}
+    entries = dict(root.te._fp8_workspaces)
+    report = shim.residue([root], device_type="cpu")
+    assert report.total_bytes > 0
+    for name, (ptr, device, value) in snapshot.items():
+        assert tensors[name].data_ptr() == ptr and tensors[name].device == device
+        assert torch.equal(tensors[name], value)
+    assert root.te._fp8_workspaces == entries, "the report clears nothing"
+    refs = [weakref.ref(root), weakref.ref(root.lin.weight), weakref.ref(entries["weight"])]
+    del root, tensors, entries, snapshot
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None], "the report keeps no reference to what it counted"
+    assert report.by_category["fp8_workspaces"] > 0  # the report itself is still there
+
+
+def test_te_process_global_memory_is_its_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TE's module globals, laid out as in TE 2.4 - 2.9 `module/base.py` (`_dummy_wgrads`,
+    `_cublas_workspace`, `_multi_stream_cublas_workspace`, `_ub_communicators`) and 2.10+
+    `cpp_extensions/gemm.py` (`get_cublas_workspace` under `functools.lru_cache`)."""
+    import functools
+    import sys
+    import types
+
+    import torch
+
+    import te_offload_shim as shim
+
+    base = types.ModuleType("transformer_engine.pytorch.module.base")
+    base._dummy_wgrads = {(8, 8, torch.float32): torch.zeros(8, 8)}  # type: ignore[attr-defined]
+    base._cublas_workspace = torch.empty(64, dtype=torch.uint8)  # type: ignore[attr-defined]
+    base._multi_stream_cublas_workspace = [torch.empty(32, dtype=torch.uint8)]  # type: ignore[attr-defined]
+    base._ub_communicators = {("qkv_fprop", None): object()}  # type: ignore[attr-defined]
+    gemm = types.ModuleType("transformer_engine.pytorch.cpp_extensions.gemm")
+
+    @functools.cache
+    def get_cublas_workspace(device: int, ub: bool, grouped_gemm: bool) -> object:
+        return [torch.empty(16, dtype=torch.uint8)] if grouped_gemm else torch.empty(8, dtype=torch.uint8)
+
+    get_cublas_workspace(0, False, False)
+    get_cublas_workspace(0, False, True)
+    gemm.get_cublas_workspace = get_cublas_workspace  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, base.__name__, base)
+    monkeypatch.setitem(sys.modules, gemm.__name__, gemm)
+
+    report = shim.residue([torch.nn.Linear(2, 2)], device_type="cpu")
+    assert report.te_global == {"_dummy_wgrads": 64 * F32, "cublas_workspaces": 64 + 32 + 8 + 16, "userbuffers": None}
+    assert report.total_bytes == (4 + 2) * F32, "TE's global memory is not the model's"
+    assert get_cublas_workspace.cache_info().currsize == 2, "read, never called"
+    assert "TE process-global: _dummy_wgrads 256 B" in report.summary()
+
+
+def test_audit_fails_open_even_in_strict_mode(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from te_offload_shim import audit
+    from te_offload_shim._offload import make_handler
+    from te_offload_shim._registry import Record
+    from te_offload_shim.targets import Target
+
+    class Exploding:
+        def __iter__(self) -> object:
+            raise RuntimeError("boom")
+
+    class Owner:
+        @property
+        def model(self) -> object:
+            raise RuntimeError("no model")
+
+    import inspect
+
+    def offload(self: object) -> None: ...
+
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_STRICT", "1")
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_AUDIT", "cpu")
+    target = Target("t", "m", "C.offload", "self.model")
+    try:
+        record = Record("target", Owner, "offload", offload, target=target.name)
+        handler = make_handler(target, inspect.signature(offload), "method", record)
+        located = handler._begin_audit(None, Owner(), (), {})  # the call path, when clearing found nothing
+        assert located is not None and located.models is None
+        pending = audit.begin(target, Exploding())
+        assert pending is not None
+        pending.finish()
+        latest = audit.latest()
+        assert latest is not None and latest["total_bytes"] == 0 and "boom" in latest["errors"][0]
+        assert pending.models is None, "nothing kept after the report"
+    finally:
+        audit.reset()
+    assert sum("residue audit (locate) failed" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.subprocess()
+def test_import_loads_neither_the_report_nor_torch() -> None:
+    import sys
+
+    import te_offload_shim
+
+    lazy = {"te_offload_shim.device_residue", "te_offload_shim.audit", "te_offload_shim.process_memory"}
+    assert not {"torch", *lazy} & set(sys.modules)
+    assert te_offload_shim.stats()["audit"] is None
+    import te_offload_shim.audit
+    import te_offload_shim.device_residue
+
+    assert "torch" not in sys.modules, "the report takes torch from sys.modules, never imports it"
+    assert callable(te_offload_shim.residue), "the public function, not shadowed by a submodule"
+    assert te_offload_shim.residue(None).total_bytes == 0
+
+
+def _ddp_bytes(model: object) -> int:
+    return sum(t.untyped_storage().nbytes() for b in model.buffers for t in (b.param_data, b.grad_data))  # type: ignore[attr-defined]
+
+
+@pytest.mark.subprocess(verl="0.8.0", timeout=300)
+def test_real_verl_offload_residue_before_after_and_one_audit_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """verl 0.8.0's own offload on a real GPTModel in megatron DDP with TE-layout caches: once as
+    verl ships it (the shim's `__wrapped__`), once through the shim; then the audit line."""
+    import gc
+    import json
+    import weakref
+
+    import torch
+    from verl.utils import megatron_utils as mu  # verl first: the shim patches it when imported below
+
+    import te_offload_shim as shim
+    from harness import megatron_world as w
+    from te_offload_shim import cli
+
+    caplog.set_level(logging.DEBUG, logger="te_offload_shim")
+    plain, shimmed = w.wrap_ddp(w.build_gpt()), w.wrap_ddp(w.build_gpt())
+    w.attach_fp8_caches(plain)
+    w.attach_fp8_caches(shimmed)
+    caches = w.cache_state([plain])["bytes"]
+    ddp = _ddp_bytes(plain)
+
+    before = shim.residue([plain], device_type="cpu")
+    assert before.by_category["ddp_buffers"] == ddp > 0
+    assert before.by_category["parameters"] == 0, "every weight is a view into the DDP buffer"
+    assert before.by_category["fp8_workspaces"] == caches > 0
+
+    mu.offload_megatron_model_to_cpu.__wrapped__([plain])  # verl without the shim
+    without = shim.residue([plain], device_type="cpu")
+    assert without.by_category["ddp_buffers"] == 0
+    assert without.by_category["fp8_workspaces"] == caches, "what verl's offload leaves on the GPU"
+
+    mu.offload_megatron_model_to_cpu([shimmed])  # through the shim; the audit switch is off
+    with_shim = shim.residue([shimmed], device_type="cpu")
+    assert with_shim.by_category["ddp_buffers"] == with_shim.by_category["fp8_workspaces"] == 0
+    assert with_shim.total_bytes == without.total_bytes - caches, "the caches are the only difference"
+    assert shim.stats()["audit"] is None
+
+    # State the offload neither moves nor clears (MoE dispatcher state survived it in NeMo-RL #2319).
+    shimmed.module.decoder.dispatcher_state = torch.ones(256)
+    for switch in ("1", "1", "cpu"):  # `cpu`: the audit counts host tensors, so there is something to see here
+        monkeypatch.setenv("TE_OFFLOAD_SHIM_AUDIT", switch)
+        mu.load_megatron_model_to_gpu([shimmed])
+        w.attach_fp8_caches(shimmed)
+        mu.offload_megatron_model_to_cpu([shimmed])
+    lines = [r for r in caplog.records if "audit after" in r.getMessage()]
+    assert [r.levelno for r in lines] == [logging.INFO, logging.DEBUG, logging.DEBUG], "one INFO line per process"
+    assert "verl.utils.megatron_utils:offload_megatron_model_to_cpu" in lines[0].getMessage()
+    latest = shim.stats()["audit"]
+    assert latest["audits"] == 3 and latest["device_type"] == "cpu"
+    assert latest["by_category"] == {**with_shim.by_category, "other": 256 * F32}
+    assert latest["other"] == {"dispatcher_state": 256 * F32}
+    assert latest["top"][0]["path"] == "chunk0.module.decoder"
+    assert "other 1.00 KiB (dispatcher_state 1.00 KiB)" in lines[2].getMessage()
+
+    status = cli.collect()  # what `te-offload-shim status --json` prints
+    assert status["audit"]["enabled"] and status["audit"]["latest"]["audits"] == 3
+    assert json.loads(json.dumps(status))["audit"]["latest"]["by_category"] == latest["by_category"]
+
+    refs = [weakref.ref(shimmed), weakref.ref(shimmed.buffers[0].param_data)]
+    del shimmed
+    gc.collect()
+    assert [r() for r in refs] == [None, None], "the audit keeps nothing alive"
