@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import wrapt
@@ -102,34 +103,25 @@ def unwrap_descriptor(obj: Any) -> Any:
     return obj.__func__ if issubclass(type(obj), (staticmethod, classmethod)) else obj
 
 
-def shim_layers(obj: object) -> int:
-    """How many of our wrappers are stacked in `obj`, looking through any `__wrapped__` chain and
-    through a staticmethod/classmethod."""
-    layers = 0
+def _chain(obj: object) -> Iterator[object]:
+    """`obj` and everything down its `__wrapped__` chain (through a staticmethod/classmethod)."""
     obj = unwrap_descriptor(obj)
     for _ in range(16):
-        if is_ours(obj):
-            layers += 1
+        yield obj
         try:
             obj = getattr(obj, "__wrapped__", None)
         except Exception:
-            break
+            return
         if obj is None:
-            break
-    return layers
+            return
+
+
+def shim_layers(obj: object) -> int:
+    """How many of our wrappers are stacked in `obj`, looking through any `__wrapped__` chain and
+    through a staticmethod/classmethod."""
+    return sum(1 for o in _chain(obj) if is_ours(o))
 
 
 def armed_layers(obj: object) -> int:
     """Like `shim_layers`, counting only wrappers whose record is still armed."""
-    layers = 0
-    obj = unwrap_descriptor(obj)
-    for _ in range(16):
-        if type(obj) is ShimWrapper and obj._self_record.armed:
-            layers += 1
-        try:
-            obj = getattr(obj, "__wrapped__", None)
-        except Exception:
-            break
-        if obj is None:
-            break
-    return layers
+    return sum(1 for o in _chain(obj) if type(o) is ShimWrapper and o._self_record.armed)
