@@ -20,6 +20,8 @@ import a target. What it promises, and how:
 - A callback never makes the import fail: its exception is handed to the error handler.
 """
 
+import _frozen_importlib as _bootstrap  # importlib._bootstrap, loaded in every interpreter (even under -S)
+import _thread
 import _weakref
 import sys
 
@@ -38,8 +40,10 @@ _callbacks: "dict[str, list[Callback]]" = {}
 _fired: "dict[str, Any]" = {}  # name -> weak reference to the module object the callbacks ran for
 _lock = Lock(reentrant=True)
 _on_error: "Callable[[str, BaseException], None] | None" = None
-_bootstrap = sys.modules["importlib._bootstrap"]  # frozen, loaded in every interpreter
 _ModuleSpec = _bootstrap.ModuleSpec
+# Callbacks running on this thread: a callback that imports (the patcher loads wrapt) can make
+# another watched module come due; firing it right there would find our own modules half-built.
+_local = _thread._local()
 
 
 def set_error_handler(handler: "Callable[[str, BaseException], None]") -> "None":
@@ -69,17 +73,28 @@ def _module_state(module: "object") -> "tuple[dict | None, bool]":
 
 
 def _fire(name: "str", module: "ModuleType") -> "None":
+    if getattr(_local, "firing", False):
+        return  # inside a callback on this thread: it comes due, and runs when that one is done
     with _lock:
         callbacks = list(_callbacks.get(name, ()))
         try:
             _fired[name] = _weakref.ref(module)
         except TypeError:  # a module type without weak references: remember nothing, fire anyway
             _fired.pop(name, None)
-    for callback in callbacks:
-        try:
-            callback(module)
-        except Exception as exc:  # never let a hook fail the target's import
-            _report(name, exc)
+    _run(name, module, callbacks)
+
+
+def _run(name: "str", module: "ModuleType", callbacks: "list[Callback]") -> "None":
+    _local.firing = True
+    try:
+        for callback in callbacks:
+            try:
+                callback(module)
+            except Exception as exc:  # never let a hook fail the target's import
+                _report(name, exc)
+    finally:
+        _local.firing = False
+    _sweep(fire=True)  # what came due meanwhile
 
 
 def _fired_for(name: "str", module: "object") -> "bool":
@@ -144,7 +159,7 @@ class _SpecWatch(_ModuleSpec):  # type: ignore[valid-type,misc]
         if value:
             return
         try:
-            self.__class__ = _ModuleSpec
+            self.__class__ = _ModuleSpec  # type: ignore[assignment]
             module = sys.modules.get(self.name)
             if module is not None and getattr(module, "__spec__", None) is self:
                 _finished(self.name)  # a failed import left no module: nothing runs
@@ -214,8 +229,6 @@ class _Finder:
     """A meta path finder that only ever answers for watched names, by asking the others."""
 
     def __init__(self) -> "None":
-        import _thread
-
         self._searching = _thread._local()
 
     def find_spec(self, fullname: "str", path: "Any" = None, target: "Any" = None) -> "Any":
@@ -233,7 +246,7 @@ class _Finder:
             return None  # our own search below: let the rest of the meta path answer
         searching.add(fullname)
         try:
-            spec = _bootstrap._find_spec(fullname, path, target)
+            spec = _bootstrap._find_spec(fullname, path, target)  # type: ignore[attr-defined]
         finally:
             searching.discard(fullname)
         if spec is None:
@@ -282,15 +295,14 @@ def watch(name: "str", callback: "Callback") -> "None":
     if initializing:
         _notify_when_done(d.get("__spec__"))
         return
-    try:
-        callback(module)
-    except Exception as exc:
-        _report(name, exc)
+    if getattr(_local, "firing", False):
+        return  # install() from inside a callback: the sweep after it runs this one
     if len(callbacks) == 1:
         try:
             _fired[name] = _weakref.ref(module)
         except TypeError:
             pass
+    _run(name, module, [callback])
 
 
 def catch_up() -> "None":
