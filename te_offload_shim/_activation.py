@@ -62,22 +62,42 @@ def default_site() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
+class SiteError(Exception):
+    """A site directory we cannot use; the message is one line for the operator."""
+
+
 def enable(site_dir: str | None = None) -> tuple[str, str]:
-    """Write the .pth file; returns (what happened, path). Idempotent."""
+    """Write the .pth file; returns (what happened, path). Idempotent.
+
+    A `site_dir` must exist: a typo would otherwise create a folder no interpreter reads and
+    report the shim enabled. Raises SiteError with a one-line reason."""
     directory = os.path.abspath(site_dir or default_site())
+    if site_dir is not None and not os.path.exists(directory):
+        raise SiteError(f"{directory} does not exist (no interpreter reads .pth files there)")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise SiteError(f"{directory} is not a directory")
     path = os.path.join(directory, PTH_NAME)
     try:
         with open(path, encoding="utf-8") as f:
             current = f.read()
     except FileNotFoundError:
         current = None
+    except OSError as exc:
+        raise SiteError(f"cannot read {path}: {exc.strerror or exc}") from None
     if current == PTH_TEXT:
         return "already enabled", path
-    os.makedirs(directory, exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(PTH_TEXT)
-    os.replace(tmp, path)  # never a half-written line that site.py would run
+    try:
+        os.makedirs(directory, exist_ok=True)  # the interpreter's own site-packages may not exist yet
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(PTH_TEXT)
+        os.replace(tmp, path)  # never a half-written line that site.py would run
+    except OSError as exc:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise SiteError(f"cannot write {path}: {exc.strerror or exc}") from None
     return ("enabled" if current is None else "updated"), path
 
 

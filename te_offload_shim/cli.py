@@ -16,7 +16,11 @@ from . import _activation, _config
 
 
 def _enable(args: argparse.Namespace) -> int:
-    what, path = _activation.enable(args.site)
+    try:
+        what, path = _activation.enable(args.site)
+    except _activation.SiteError as exc:
+        print(f"te-offload-shim enable: {exc}", file=sys.stderr)
+        return 1
     print(f"te-offload-shim: {what}: {path}")
     if what != "already enabled" and not args.site:
         print("te-offload-shim: every Python process of this interpreter now activates the shim at start-up")
@@ -111,6 +115,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         # TE_OFFLOAD_SHIM_AUDIT: the latest residue report of this process (None until an offload ran here)
         "audit": {"enabled": _config.audit(), "latest": te_offload_shim.stats()["audit"]},
     }
+    report["routes"]["in_force"] = _route_in_force(report["routes"], shim["installed"])
     problems, warnings = _assess(report)
     report["healthy"] = not problems
     report["problems"] = problems
@@ -124,7 +129,10 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     warnings: list[str] = []
     if not report["shim"]["enabled"]:
-        problems.append(f"the shim is switched off ({_config.ENABLE}={os.environ.get(_config.ENABLE)})")
+        # An operator's choice, not a fault: `status` exits 0 so the same image check passes.
+        warnings.append(f"switched off by {_config.ENABLE}={os.environ.get(_config.ENABLE)}: nothing is patched")
+    if "*" in _config.disabled_targets():
+        warnings.append(f"every target is switched off by {_config.DISABLE}=*: nothing is patched")
     if not _versions.wrapt_ok(report["versions"]["wrapt"]):
         wanted = ".".join(map(str, _versions.WRAPT_MIN))
         problems.append(f"wrapt >= {wanted} is needed to patch, found {report['versions']['wrapt']}")
@@ -144,17 +152,6 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
         if report["imported"] and row["would_be_patched"] and row.get("imported") and state != "patched":
             warnings.append(f"{row['name']}: expected to be patched, state is {state!r}")
     routes = report["routes"]
-    if report["shim"]["enabled"] and not (
-        routes["pth"]
-        or routes["sitecustomize_bootstrap"]
-        or routes["verl_external_modules"]
-        or routes["pythonstartup"]
-        or routes["ray_worker_setup_hook"]
-    ):
-        warnings.append(
-            "no activation route in force here: the shim is active only where code imports te_offload_shim "
-            "or a Ray job gets its setup hook (see `te-offload-shim enable` / `run`)"
-        )
     stale = [p["path"] for p in routes["pth"] if not p["current"]]
     if stale:
         warnings.append(f"outdated .pth line (re-run `te-offload-shim enable`): {', '.join(stale)}")
@@ -175,15 +172,19 @@ def _print_report(report: dict[str, Any]) -> None:
         if name != "python":
             print(f"  {name:<20} {value or '-'}")
     print("targets:")
+    header = ["target", "present", "version", "fixed upstream", "would be patched", "disabled"]
+    if report["imported"]:
+        header += ["state", "layers"]
+    table = [header]
     for row in report["targets"]:
-        line = (
-            f"  {row['name']:<12} present={_yes(row['present'])} version={row['version'] or '-'} "
-            f"fixed_upstream={_yes(row['fixed_upstream'])} would_be_patched={_yes(row['would_be_patched'])} "
-            f"disabled={_yes(row['disabled'])}"
-        )
+        cells = [row["name"], _yes(row["present"]), row["version"] or "-", _yes(row["fixed_upstream"])]
+        cells += [_yes(row["would_be_patched"]), _yes(row["disabled"])]
         if report["imported"]:
-            line += f" state={row['state']!r} layers={row['layers']}"
-        print(line)
+            cells += [str(row["state"]), str(row["layers"])]
+        table.append(cells)
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for cells in table:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
     routes = report["routes"]
     print("activation routes:")
     pth = ", ".join(p["path"] + ("" if p["current"] else " (outdated)") for p in routes["pth"])
@@ -195,9 +196,28 @@ def _print_report(report: dict[str, Any]) -> None:
     print(f"  ray.init setup hook:       {routes['ray_init_propagation']}")
     switches = ", ".join(f"{k}={v}" for k, v in report["switches"].items())
     print(f"  switches:                  {switches or 'none set'}")
+    print(f"  in force here:             {routes['in_force']}")
     for warning in report["warnings"]:
         print(f"warning: {warning}")
     print("healthy" if report["healthy"] else "UNHEALTHY: " + "; ".join(report["problems"]))
+
+
+def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
+    """The route that activates the shim in processes started like this one."""
+    found = [
+        name
+        for name, on in (
+            (".pth", bool(routes["pth"])),
+            ("sitecustomize bootstrap", routes["sitecustomize_bootstrap"]),
+            ("VERL_USE_EXTERNAL_MODULES", routes["verl_external_modules"]),
+            ("Ray worker setup hook", routes["ray_worker_setup_hook"]),
+            ("PYTHONSTARTUP (interactive only)", routes["pythonstartup"]),
+        )
+        if on
+    ]
+    if found:
+        return ", ".join(found)
+    return "none: active only where code imports te_offload_shim" + (" (as this process did)" if installed_here else "")
 
 
 def _status(args: argparse.Namespace) -> int:

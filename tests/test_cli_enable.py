@@ -141,8 +141,9 @@ def test_switched_off_by_env_without_importing_the_package(venv: Venv) -> None:
         r, err = venv.probe(*flags, env={**FAKE, "TE_OFFLOAD_SHIM": "0"})
         assert r["loaded"] is False and "layers" not in r and err == ""
     code, s, err = venv.status(env={"TE_OFFLOAD_SHIM": "0"})
-    assert code == 1 and s["healthy"] is False and s["shim"]["enabled"] is False
-    assert err.strip() == "te-offload-shim: unhealthy: the shim is switched off (TE_OFFLOAD_SHIM=0)"
+    # Switched off is an operator's choice, not a fault: exit 0 (an image check still passes), said.
+    assert code == 0 and s["healthy"] is True and s["shim"]["enabled"] is False and err == ""
+    assert "switched off by TE_OFFLOAD_SHIM=0: nothing is patched" in s["warnings"]
     assert s["switches"] == {"TE_OFFLOAD_SHIM": "0"}
     assert all(r["would_be_patched"] is False for r in s["targets"])
 
@@ -156,7 +157,7 @@ def test_disable_removes_the_line(venv: Venv) -> None:
     assert r["loaded"] is False and "layers" not in r
     code, s, _ = venv.status()
     assert code == 0 and s["routes"]["pth"] == []
-    assert any("no activation route" in w for w in s["warnings"])
+    assert s["routes"]["in_force"].startswith("none: active only where code imports te_offload_shim")
 
 
 def test_stale_pth_after_uninstall_is_silent(venv: Venv) -> None:
@@ -170,6 +171,7 @@ def test_stale_pth_after_uninstall_is_silent(venv: Venv) -> None:
 
 def test_enable_site_dir_and_python_m(venv: Venv, tmp_path: Path) -> None:
     target = tmp_path / "image-site"
+    target.mkdir()  # --site never creates a folder (tests/test_cli_help.py checks that)
     proc = _sh(venv.python, "-m", "te_offload_shim", "enable", "--site", target)
     assert proc.stdout.strip() == f"te-offload-shim: enabled: {target / 'te_offload_shim.pth'}"
     assert not venv.pth.exists(), "--site writes there only"

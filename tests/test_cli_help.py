@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, child_env
@@ -35,3 +36,29 @@ def test_every_subcommand_has_help_text(command: str) -> None:
 def test_a_missing_command_names_what_to_type() -> None:
     proc = _cli()
     assert proc.returncode == 2 and "COMMAND" in proc.stderr and "command_name" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("site", "expected"),
+    [
+        ("{tmp}/no-such-dir", "{tmp}/no-such-dir does not exist"),
+        ("{tmp}/a-file", "{tmp}/a-file is not a directory"),
+        ("/proc/self", "cannot write /proc/self/te_offload_shim.pth"),  # unwritable even for root
+    ],
+)
+def test_enable_site_errors_are_one_line_and_create_nothing(tmp_path: Path, site: str, expected: str) -> None:
+    (tmp_path / "a-file").write_text("")
+    proc = _cli("enable", "--site", site.format(tmp=tmp_path))
+    assert proc.returncode == 1 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("te-offload-shim enable: " + expected.format(tmp=tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"], "nothing created"
+
+
+def test_everything_disabled_is_said_and_not_a_failure() -> None:
+    env = child_env({"TE_OFFLOAD_SHIM_DISABLE": "*"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "te_offload_shim", "status"], capture_output=True, text=True, env=env, cwd=REPO
+    )
+    assert proc.returncode == 0
+    assert "warning: every target is switched off by TE_OFFLOAD_SHIM_DISABLE=*: nothing is patched" in proc.stdout

@@ -115,7 +115,7 @@ def test_status_under_run(user_dirs: tuple[Path, Path]) -> None:
     assert s["routes"]["sitecustomize_bootstrap"] is True
     assert s["routes"]["verl_external_modules"] is True
     assert s["routes"]["ray_worker_setup_hook"] is False
-    assert s["healthy"] is True and not any("no activation route" in w for w in s["warnings"])
+    assert s["healthy"] is True and s["routes"]["in_force"] == "sitecustomize bootstrap, VERL_USE_EXTERNAL_MODULES"
     # Outside `run` the same command sees no bootstrap route.
     proc = _run(CLI, "status", "--json", env={"PYTHONPATH": str(second)}, cwd=first.parent)
     s = json.loads(proc.stdout)

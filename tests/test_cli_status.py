@@ -101,5 +101,10 @@ def test_status_human_output() -> None:
     proc = subprocess.run([str(CLI), "status"], capture_output=True, text=True, env=full, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert any(line.split()[:3] == ["verl", "present=yes", "version=0.8.0"] for line in lines), proc.stdout
+    table = lines[lines.index("targets:") + 1 : lines.index("activation routes:")]
+    assert table[0].split()[:3] == ["target", "present", "version"]
+    assert any(line.split()[:3] == ["verl", "yes", "0.8.0"] for line in table), proc.stdout
+    starts = {line.index(line.split()[1]) for line in table}  # the second column starts at one offset
+    assert len(starts) == 1, "the table is aligned"
+    assert "in force here:" in proc.stdout
     assert lines[-1] == "healthy"
