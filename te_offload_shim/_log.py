@@ -36,6 +36,15 @@ def warn_once(key: str, message: str, *args: object) -> bool:
     return True
 
 
+def first_line_level() -> int:
+    """The level of the line that proves the shim worked, once per process: INFO where the
+    application logs INFO; otherwise WARNING on rank 0 (so Python's default logging shows it once
+    per job, not once per rank) and INFO, unseen, on the other ranks."""
+    if logger.isEnabledFor(logging.INFO):
+        return logging.INFO
+    return logging.WARNING if os.environ.get("RANK", "0").strip() in ("", "0") else logging.INFO
+
+
 def rank_prefix() -> str:
     rank = os.environ.get("RANK")
     return f"[rank {rank}] " if rank else ""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _config, te_caches
 from ._locks import Lock
-from ._log import human_bytes, log, rank_prefix, warn_once
+from ._log import first_line_level, human_bytes, log, rank_prefix, warn_once
 
 if TYPE_CHECKING:
     import inspect
@@ -75,7 +75,7 @@ def _record(target: Target, report: te_caches.CacheReport) -> None:
         per["bytes"] += report.bytes
         first, _announced = not _announced, True
     log(
-        20 if first else 10,
+        first_line_level() if first else 10,
         "te_offload_shim: %s%s: cleared %d FP8 weight workspaces in %d modules (%s held%s) before the flush",
         rank_prefix(),
         target.path,
