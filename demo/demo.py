@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,13 +68,30 @@ def print_resident(results: list[dict]) -> None:
         print(f"{label:<26}" + "".join(f"{fmt(row[n]):>16}" for n in names) + f"{fmt(sum(row.values())):>16}")
 
 
+def _count(low: int, multiple: int = 1) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low or value % multiple:
+            extra = f" and a multiple of {multiple}" if multiple > 1 else ""
+            raise argparse.ArgumentTypeError(f"{value} must be at least {low}{extra}")
+        return value
+
+    return parse
+
+
 def main() -> int:
+    installed = sorted(p.name.removeprefix("verl-") for p in (REPO / ".deps").glob("verl-*") if (p / "verl").is_dir())
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--verl", default="0.8.0")
+    parser.add_argument("--layers", type=_count(1), default=4, help="transformer layers (default 4)")
+    parser.add_argument("--hidden", type=_count(8, 4), default=512, help="hidden size, 4 attention heads (default 512)")
+    parser.add_argument("--verl", default="0.8.0", help=f"verl release, one of {', '.join(installed) or 'none'}")
     parser.add_argument("--case", choices=["with", "without"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.verl not in installed:
+        parser.error(f"verl {args.verl} is not set up here (scripts/setup-env.sh installs {', '.join(installed)})")
 
     if args.case:
         import warnings
@@ -124,8 +142,10 @@ def main() -> int:
         f"{fmt(without['after']['caches']['bytes']).strip()}; with it: {with_['after']['caches']['entries']}, "
         f"{fmt(with_['after']['caches']['bytes']).strip()}."
     )
-    ok = without["after"]["caches"]["entries"] > 0 and with_["after"]["caches"]["entries"] == 0
-    return 0 if ok else 1
+    if without["after"]["caches"]["entries"] == 0:
+        # verl 0.9.0+ clears its own caches: the shim steps aside, and both rows are clean.
+        print(f"verl {args.verl} clears the caches itself (fixed upstream): the shim stays out of its way.")
+    return 0 if with_["after"]["caches"]["entries"] == 0 else 1
 
 
 if __name__ == "__main__":
