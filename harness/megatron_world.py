@@ -1,7 +1,7 @@
 """A real megatron-core GPTModel, wrapped in megatron DDP, with TE-layout FP8 caches on its linears.
 
 Used by the tests, the demo and the benchmarks. On a CPU-only machine it applies the few patches
-that let megatron-core and verl's offload run there (REFERENCE.md section 6); on CUDA it applies
+that let megatron-core and verl's offload run there (listed in `apply_cpu_quirks`); on CUDA it applies
 none and builds on the GPU.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the CPU environment the demo, the tests and the benchmarks run in: real megatron-core,
 # real verl releases (one --no-deps folder each, used from fresh interpreters), wrapt 2.x in the
-# venv and wrapt 1.x in a folder of its own. Recipe: REFERENCE.md section 6. Idempotent: a second
+# venv and wrapt 1.x in a folder of its own. Idempotent: a second
 # run only checks the stamp.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -23,7 +23,7 @@ CORE = ("wrapt", "torch", "transformer-engine", "megatron-core")
 TE_NAMES = ("transformer-engine", "transformer-engine-torch", "transformer-engine-cu12", "transformer-engine-cu13")
 WRAPT_MIN = (1, 14)
 
-# Upstream fixes that a version number tells (REFERENCE.md section 2: verl PR #6952, first in
+# Upstream fixes that a version number tells (verl PR #6952, first released in
 # verl 0.9.0). Other targets have no upstream fix, or one that depends on a run-time flag.
 FIXED_FROM = {"verl": (0, 9, 0)}
 

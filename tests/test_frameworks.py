@@ -1,7 +1,7 @@
 """The other frameworks' offload entry points, through mirrors of their modules (tests/mirrors/).
 
 NeMo-RL, ROLL and slime/miles are not on PyPI, and AReaL's modules do not import on a CPU-only
-machine (docs/frameworks.md): each mirror reproduces the real module path, class, signature and the
+machine (README, "Left out, and why"): each mirror reproduces the real module path, class, signature and the
 lines that matter, citing the upstream file and commit. The models are real megatron DDP chunks with
 TE-layout caches; the mirrors' flushes record what is still cached at that moment.
 """

@@ -1,6 +1,6 @@
 """Stands in for the allocator flush (`torch.cuda.empty_cache()`, `clear_memory()`) and
 `torch_memory_saver.pause()` in the framework mirrors: records what is still cached at that moment,
-which is what decides whether the memory goes back to the driver (REFERENCE.md section 1)."""
+which is what decides whether the memory goes back to the driver: the caches must be gone by then."""
 
 from __future__ import annotations
 
