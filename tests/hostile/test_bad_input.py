@@ -72,7 +72,11 @@ def test_iterables_the_offload_iterates_are_left_to_it(caplog: pytest.LogCapture
     assert offloaded(model) and w.cache_state([model])["entries"] == 0
     assert CountingList.iterations == 1, "the shim called the list's own __iter__"
 
-    warnings = [r.getMessage() for r in caplog.records if r.name == "te_offload_shim" and r.levelname == "WARNING"]
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "te_offload_shim" and r.levelname == "WARNING" and "FP8 weight workspaces" not in r.getMessage()
+    ]  # the problems; the first clearing's own line is at WARNING too under default logging
     assert len(warnings) == 3, warnings  # Drain, set, dict
     assert all("Pass a list" in m for m in warnings)
     assert "Drain" in warnings[0] and "a set" in warnings[1] and "a dict" in warnings[2]

@@ -59,7 +59,11 @@ def test_a_module_whose_dict_raises_costs_only_itself(caplog: pytest.LogCaptureF
     assert cached() == [odd_name], "every layer but the unreadable one was cleared"
     stats = shim.stats()
     assert stats["errors"] == 1 and stats["entries"] == len(everything) - 1
-    warned = [r.getMessage() for r in caplog.records if r.name == "te_offload_shim"]
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "te_offload_shim" and "FP8 weight workspaces in" not in r.getMessage()
+    ]  # the problems, not the clearing's own line
     assert len(warned) == 1 and f"chunk0.{odd_name}" in warned[0] and "sealed module" in warned[0]
     mu.load_megatron_model_to_gpu([model])
 
