@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-STAMP=.venv/.te-offload-shim-env-v2
+STAMP=.venv/.te-offload-shim-env-v3
 [[ -f $STAMP ]] && exit 0
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
@@ -24,4 +24,11 @@ for v in 0.16.0 0.15.3; do
   [[ -d .deps/megatron-core-$v/megatron ]] || pip --no-deps --target ".deps/megatron-core-$v" "megatron-core==$v"
 done
 [[ -d .deps/wrapt-1/wrapt ]] || pip --no-deps --target .deps/wrapt-1 "wrapt==1.17.*"
+# Transformer Engine's pure-Python code, one --no-deps folder per release (harness/te_releases.py PIP)
+for spec in 1.9.0=1.9.0.post1 1.13.0 2.1.0 2.4.0 2.8.0 2.9.0 2.10.0 2.12.0 2.16.1 2.18.0 2.19.0 2.20.2; do
+  v=${spec%%=*}; pinned=${spec#*=}
+  [[ -f .deps/te-$v/transformer_engine/pytorch/__init__.py ]] && continue
+  echo "setup-env: transformer-engine==$pinned -> .deps/te-$v"
+  pip --no-deps --target ".deps/te-$v" "transformer-engine==$pinned"
+done
 touch "$STAMP"

@@ -39,9 +39,18 @@ LEGACY_ATTRS = ("weight1_fp8", "weight1_t_fp8", "weight2_fp8", "weight2_t_fp8")
 _GRAPH_CONFIG_FLAGS = ("enable_cuda_graph", "external_cuda_graph")
 # Megatron's module markers (megatron/core/transformer/module.py, core_v0.15+; transformer_layer.py
 # before): a `cudagraph_manager` submodule for cuda_graph_impl="local", a `cuda_graphs` list that
-# TECudaGraphHelper fills for "transformer_engine". TE itself marks nothing (graph.py).
+# TECudaGraphHelper fills for "transformer_engine".
 _GRAPH_SUBMODULE = "cudagraph_manager"
 _GRAPH_LIST = "cuda_graphs"
+# TE's own marks (transformer_engine/pytorch/graph.py, 1.9 - 2.20; checked against each release's
+# graph.py by tests/hostile/test_te_cuda_graphs.py):
+# `make_graphed_callables(module, ...)` sets instance attributes that are functions of that module:
+# `forward` = `_make_graphed_callables.<locals>.make_graphed_forward.<locals>.new_fwd` (without `_order`),
+# before 2.8 also `forward` = `make_graphed_callables.<locals>.wrap_autocast.<locals>.forward_func`
+# (left in place even with `_order`), and from 2.10 `reset` / `backward_dw`. Recognised by the
+# function's module, so a renamed closure in a later release is still caught.
+TE_GRAPH_MODULE = "transformer_engine.pytorch.graph"
+TE_GRAPH_ATTRS = ("forward", "reset", "backward_dw")
 
 
 @dataclass
@@ -145,7 +154,25 @@ def _walk(chunk: Any) -> tuple[list[tuple[Any, dict]], list[tuple[Any, dict]], s
                 graph_mark = f"{type(module).__name__}.{_GRAPH_SUBMODULE} is set"
         if graph_mark is None and _GRAPH_LIST in d and d[_GRAPH_LIST]:
             graph_mark = f"{type(module).__name__}.{_GRAPH_LIST} holds captured graphs"
+        if graph_mark is None and ("forward" in d or "reset" in d or "backward_dw" in d):
+            graph_mark = te_graph_mark(module)
     return modern, legacy, graph_mark
+
+
+def te_graph_mark(module: Any) -> str | None:
+    """What TE's `make_graphed_callables` left on `module` (an instance attribute that is a function
+    of TE's graph module), or None."""
+    d = getattr(module, "__dict__", None) or {}
+    for name in TE_GRAPH_ATTRS:
+        value = d.get(name)
+        try:
+            if value is None or getattr(value, "__module__", None) != TE_GRAPH_MODULE:
+                continue
+            function = str(getattr(value, "__qualname__", "?")).rsplit(".", 1)[-1]
+        except Exception:  # an odd object under that name is not TE's function
+            continue
+        return f"{type(module).__name__}.{name} is TE's {function} from make_graphed_callables"
+    return None
 
 
 def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
