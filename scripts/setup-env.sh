@@ -31,4 +31,10 @@ for spec in 1.9.0=1.9.0.post1 1.13.0 2.1.0 2.4.0 2.8.0 2.9.0 2.10.0 2.12.0 2.16.
   echo "setup-env: transformer-engine==$pinned -> .deps/te-$v"
   pip --no-deps --target ".deps/te-$v" "transformer-engine==$pinned"
 done
+# what TE's modules import at their top besides torch (harness/te_releases.py PYDEPS); triton is
+# only imported (TE defines its Triton kernels at import), never run
+[[ -d .deps/te-pydeps/onnxscript ]] || { echo "setup-env: onnx, onnxscript, einops -> .deps/te-pydeps"
+  pip --no-deps --target .deps/te-pydeps onnx==1.23.2 onnxscript==0.7.2 onnx-ir==1.1.0 ml-dtypes==0.6.0 einops==0.8.2; }
+[[ -d .deps/triton/triton ]] || { echo "setup-env: triton 3.9.0 (~290 MB) -> .deps/triton"
+  pip --no-deps --target .deps/triton triton==3.9.0; }
 touch "$STAMP"

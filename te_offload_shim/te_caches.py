@@ -7,11 +7,12 @@ with torch taken from `sys.modules` (if torch is not imported, there is nothing 
 Layouts (TE source files named so they can be checked again):
 
 * TE >= 1.8 (`transformer_engine/pytorch/module/base.py`): `self._fp8_workspaces`, a plain dict
-  filled by `get_weight_workspace()` / `quantize_weight()`. TE rebuilds a missing entry on the next
-  forward, so popping the entries is safe. Keys: "weight" (Linear, LayerNormLinear), "fc1_weight",
+  filled by `get_fp8_workspace()` (1.8 - 1.13), `get_weight_workspace()` (2.0 - 2.14),
+  `quantize_weight()` (2.15+). TE rebuilds a missing entry on the next forward, so popping the
+  entries is safe. Keys: "weight" (Linear, LayerNormLinear), "fc1_weight",
   "fc2_weight" (LayerNormMLP), "weight0".."weightN-1" (GroupedLinear, 1.9+), "weight" too for a
   GroupedLinear with `single_grouped_weight=True` (2.19+).
-* TE 1.0 - 1.7 (`module/base.py` sets `fp8_weight_shapes`): attributes `weight{i}_fp8` and
+* TE before 1.8, 0.x included (`module/base.py` sets `fp8_weight_shapes`): attributes `weight{i}_fp8` and
   `weight{i}_t_fp8`. NOT safe to drop: a later forward with `is_first_microbatch=False`
   re-allocates an uninitialised buffer and uses it unfilled. Left alone, reported as skipped.
 
@@ -244,6 +245,8 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
             modern = [(m, d) for m, d in modern if _owns_any(d, param_ids)]
             legacy = [(m, d) for m, d in legacy if _owns_any(d, param_ids)]
         for module, d in legacy:
+            if all(d.get(a) is None for a in LEGACY_ATTRS):
+                continue  # a TE < 1.8 layer that has cached nothing (yet): nothing left in place
             sizes = te_bytes.storages([d.get(a) for a in LEGACY_ATTRS], torch)
             report.skipped.append(
                 Skipped(
@@ -301,19 +304,25 @@ def _clear_module(
         report.skipped.append(Skipped(where, f"reading {WORKSPACES} raised {type(exc).__name__}: {exc}"))
         report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
         warn_once(
-            f"read:{type(workspaces).__name__}", "te_offload_shim: cannot read %s at %s: %r", WORKSPACES, where, exc
+            f"read:{type(workspaces).__name__}",
+            "te_offload_shim: cannot read %s at %s: %s",
+            WORKSPACES,
+            where,
+            repr(exc),
         )
         return
     try:
-        held = te_bytes.storages(values, torch)
-        shared = te_bytes.shared_with(held, (module.__dict__.get("_parameters") or {}).values(), torch)
-        fresh = held.keys() - counted  # a storage two entries share is counted once
-        counted.update(fresh)
-        report.bytes += sum(held[k] for k in fresh if k not in shared)
-        report.bytes_shared += sum(held[k] for k in fresh if k in shared)
+        params = (module.__dict__.get("_parameters") or {}).values()
+        freed, shared = te_bytes.count(values, params, torch, counted)  # a storage two entries share counts once
+        report.bytes += freed
+        report.bytes_shared += shared
     except Exception as exc:  # accounting must never keep the caches alive
-        report.errors.append(f"accounting {type(module).__name__}: {type(exc).__name__}: {exc}")
-        warn_once(f"account:{type(exc).__name__}", "te_offload_shim: byte accounting failed: %r", exc)
+        # repr(exc), never the exception: a buffering log handler would keep its traceback, whose
+        # frames hold the popped values, alive
+        text = repr(exc)
+        del exc
+        report.errors.append(f"accounting {type(module).__name__}: {text}")
+        warn_once(f"account:{text[:40]}", "te_offload_shim: byte accounting failed: %s", text)
     del values
     if clear:
         try:
@@ -327,7 +336,11 @@ def _clear_module(
             report.skipped.append(Skipped(where, f"clearing {WORKSPACES} raised {type(exc).__name__}: {exc}", entries))
             report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
             warn_once(
-                f"pop:{type(workspaces).__name__}", "te_offload_shim: cannot clear %s at %s: %r", WORKSPACES, where, exc
+                f"pop:{type(workspaces).__name__}",
+                "te_offload_shim: cannot clear %s at %s: %s",
+                WORKSPACES,
+                where,
+                repr(exc),
             )
             return
     report.entries += entries
