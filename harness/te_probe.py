@@ -192,6 +192,20 @@ def _module(name: str) -> Any:
         return None
 
 
+def _fields(value: Any) -> dict[str, Any]:
+    """The value's attributes, properties included (1.x reads `_transpose` through one)."""
+    names = set(getattr(value, "__dict__", {})) | {
+        n for klass in type(value).__mro__ for n, a in vars(klass).items() if isinstance(a, property)
+    }
+    out = {}
+    for name in names:
+        try:
+            out[name] = getattr(value, name)
+        except Exception:
+            continue
+    return out
+
+
 def _oracle(torch: Any, tensors: list[Any]) -> int:
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     storages.pop(0, None)
@@ -222,6 +236,8 @@ def probe_values(torch: Any) -> dict[str, Any]:
             out[name] = record
             continue
         record["tensors"] = len(maker.made)
+        made = {id(t) for t in maker.made}
+        record["fields"] = sorted(k for k, v in _fields(value).items() if id(v) in made)
         record["expected"] = _oracle(torch, maker.made)
         holder = _holder(torch, value)
         seen = scan(holder)

@@ -50,6 +50,12 @@ def key(release: str) -> tuple[int, ...]:
 # --- what each release has (checked against the real release by tests/test_te_real.py) ----------
 
 MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear")
+# The fields holding a value's bytes, by class family (harness/te_standins.py builds its stand-ins
+# with these names; tests/test_te_real.py checks them against the real classes of every release).
+FIELDS = {
+    "Float8Tensor": ("_data", "_transpose", "_scale_inv"),
+    "Float8BlockwiseQTensor": ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"),
+}
 # Keys each module's forward caches under (from its source: `cache_name=`, `_fp8_workspaces[...]`).
 _KEYS = {"Linear": ["weight"], "LayerNormLinear": ["weight"], "LayerNormMLP": ["fc1_weight", "fc2_weight"]}
 KEYS_1_9 = {**_KEYS, "GroupedLinear": ["weight{i}"]}

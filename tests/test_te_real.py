@@ -100,6 +100,19 @@ def test_real_value_bytes_are_counted_exactly_and_cleared(
     assert (record["entries"], record["left"], record["errors"]) == (1, 0, [])
 
 
+@pytest.mark.parametrize("family", sorted(te_releases.FIELDS))
+def test_standin_field_names_are_the_real_classes(family: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """harness/te_standins.py builds its values with te_releases.FIELDS: every real class of that
+    family (tensor, base, storage) in every release holds its bytes in exactly those fields."""
+    checked = 0
+    for release in INSTALLED:
+        for name, record in _probe(release, tmp_path_factory)["values"].items():
+            if name.startswith(family) and name[len(family) :] in ("", "Base", "Storage") and "fields" in record:
+                assert record["fields"] == sorted(te_releases.FIELDS[family]), (release, name)
+                checked += 1
+    assert checked >= 4 or len(INSTALLED) < len(te_releases.RELEASES)
+
+
 @pytest.mark.parametrize(("release", "name"), _module_cases())
 def test_real_module_is_built_on_cpu_or_skipped_with_the_reason(
     release: str, name: str, tmp_path_factory: pytest.TempPathFactory
