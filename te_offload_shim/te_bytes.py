@@ -9,7 +9,7 @@ offload, so how to open a value is worked out once per class and remembered.
 from __future__ import annotations
 
 from bisect import bisect_right
-from operator import attrgetter
+from operator import attrgetter, methodcaller
 from typing import Any
 
 # Where the bytes of a cached value live, by TE release (transformer_engine/pytorch/...). Checked
@@ -38,7 +38,7 @@ INNER_ATTRS = (
     "first_dims",
     "last_dims",
     "tensor_offsets",
-    "quantized_tensors",
+    "quantized_tensors",  # views into rowwise_data / columnwise_data: same storages, counted once
     # IdentityTensorStorage (2.19+, Hybrid custom recipes): the high-precision copy itself
     "_hp_data",
     # HybridQuantizedTensorStorage (2.19+): nested storages; DebugQuantizedTensor (2.3+): wrapped values
@@ -75,7 +75,8 @@ def _known_attrs(value: Any, torch: Any) -> tuple[str, ...]:
     declared = [e[0] if isinstance(e, tuple) else e for e in getattr(type(value), "_INNER_TENSORS", ()) or ()]
     own = [k for k, v in getattr(value, "__dict__", {}).items() if isinstance(v, torch.Tensor)]
     names = dict.fromkeys([*declared, *INNER_ATTRS, *own])
-    return tuple(n for n in names if isinstance(n, str) and hasattr(value, n))
+    # a wrapper tensor has methods by some of these names (`Tensor.amax`): fields only
+    return tuple(n for n in names if isinstance(n, str) and not callable(getattr(value, n, len)))
 
 
 def _getter(names: tuple[str, ...]) -> Any:
@@ -147,20 +148,32 @@ def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> Non
 
 
 def _tensors(values: Any, torch: Any) -> list[Any]:
-    """The plain tensors holding `values`, None-free."""
+    """The plain tensors holding `values`, None-free. The hot loop of the accounting: one attribute
+    getter call per value of a known class, no call per tensor."""
     found: list[Any] = []
+    extend = found.extend
+    plans = _plans
     for value in values:
+        plan = plans.get(type(value))
+        if plan is not None and plan[2]:
+            try:
+                extend(plan[1](value))
+                continue
+            except AttributeError:
+                pass
         inner_tensors(value, torch, found)
+    out = [t for t in found if t is not None]
     plain = (torch.Tensor, torch.nn.Parameter)
-    if all(type(t) in plain for t in found if t is not None):
-        return [t for t in found if t is not None]
-    out: list[Any] = []
-    for t in found:
-        if type(t) in plain:
-            out.append(t)
-        elif t is not None:
-            inner_tensors(t, torch, out, 1)
-    return [t for t in out if t is not None]
+    odd = [t for t in out if type(t) not in plain]
+    if not odd:
+        return out
+    # a field that held a tensor when its class was planned holds a storage now: open it
+    out = [t for t in out if type(t) in plain]
+    for t in odd:
+        nested: list[Any] = []
+        inner_tensors(t, torch, nested, 1)
+        out += [n for n in nested if n is not None]
+    return out
 
 
 def storages(values: Any, torch: Any) -> dict[int, int]:
@@ -168,26 +181,32 @@ def storages(values: Any, torch: Any) -> dict[int, int]:
 
     Keyed by address alone: CUDA's unified virtual addressing gives host and every device
     disjoint addresses, so an address names one storage in the process."""
-    found: dict[int, int] = {}
-    for t in _tensors(values, torch):
-        storage = t.untyped_storage()
-        found[storage.data_ptr()] = storage.nbytes()
+    return storages_of(_tensors(values, torch))
+
+
+_untyped_storage = methodcaller("untyped_storage")
+_data_ptr = methodcaller("data_ptr")
+_nbytes = methodcaller("nbytes")
+
+
+def storages_of(tensors: list[Any]) -> dict[int, int]:
+    """{storage address: storage nbytes} of plain tensors; the loops run in C (map), not bytecode."""
+    held = list(map(_untyped_storage, tensors))
+    found = dict(zip(map(_data_ptr, held), map(_nbytes, held), strict=True))
     found.pop(0, None)  # empty storages (and meta tensors) hold nothing
     return found
 
 
 def count(values: Any, params: Any, torch: Any, counted: set[int]) -> tuple[int, int]:
-    """Bytes that dropping `values` frees, and bytes of theirs that live inside a storage one of
-    `params` also lives in (not freed). Storages already in `counted` are skipped, then added.
+    """Bytes that dropping `values` frees (their unique storages), and bytes of theirs that live in a
+    storage one of `params` also lives in (not freed). Storages in `counted` are skipped, then added.
 
     The second figure is the entries' own tensors' bytes (`nbytes`), not their storage's: an entry
-    that is a view into a megatron DDP bucket shares the bucket, and the bucket is not the entry's."""
+    that is a view into a megatron DDP bucket shares the bucket, and the bucket is not the entry's.
+    This runs for every cache entry of a model at every offload (benchmarks/walk.py): the per-tensor
+    calls run in `map`, and the values of one call are counted in one pass (te_caches._Batch)."""
     tensors = _tensors(values, torch)
-    found: dict[int, int] = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        found[storage.data_ptr()] = storage.nbytes()
-    found.pop(0, None)
+    found = storages_of(tensors)
     if counted:
         for key in counted.intersection(found):
             del found[key]
@@ -197,8 +216,7 @@ def count(values: Any, params: Any, torch: Any, counted: set[int]) -> tuple[int,
         return sum(found.values()), 0
     views: dict[tuple[int, int], int] = {}
     for t in tensors:
-        key = t.untyped_storage().data_ptr()
-        if key in shared:
+        if t.untyped_storage().data_ptr() in shared:
             views[(t.data_ptr(), t.nbytes)] = t.nbytes
     return sum(v for k, v in found.items() if k not in shared), sum(views.values())
 
@@ -210,10 +228,14 @@ def shared_with(held: dict[int, int], params: Any, torch: Any) -> set[int]:
     parameter that is a view into a larger buffer (megatron DDP) is still found."""
     if not held:
         return set()
+    plain = (torch.Tensor, torch.nn.Parameter)
+    tensors = [p for p in params if type(p) in plain]
+    odd = [p for p in params if type(p) not in plain]
+    if odd:  # quantized parameters (FP8 primary weights): their inner tensors
+        tensors += _tensors(odd, torch)
     starts = sorted(held)
     shared: set[int] = set()
-    for t in _tensors(params, torch):
-        address = t.data_ptr()
+    for address in map(_data_ptr, tensors):
         i = bisect_right(starts, address) - 1
         if i >= 0 and address < starts[i] + held[starts[i]]:
             shared.add(starts[i])

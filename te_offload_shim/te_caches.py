@@ -237,7 +237,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
         return report
     strict = _config.strict() if strict is None else strict
     before = _allocated(torch) if clear else None
-    counted: set[int] = set()
+    counted = _Batch()
     param_ids = None if params is None else {id(p) for p in params}
     for index, chunk in enumerate(as_chunks(models)):
         modern, legacy, graph_mark = _walk(chunk)
@@ -272,12 +272,58 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
             continue
         for module, workspaces in live:
             _clear_module(index, chunk, module, workspaces, torch, clear, counted, report)
+    counted.account(torch, report)
     if clear and before is not None:
         after = _allocated(torch)
         report.released_bytes = before - after if after is not None else None
     if strict and report.errors:
         raise ShimError("; ".join(report.errors))
     return report
+
+
+class _Batch:
+    """The values popped in one call, with their modules' parameters: their bytes are counted once,
+    together, at the end of the call (one pass and one storage table instead of one per module; a
+    storage two entries share counts once). They are held only until then."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self.params: list[Any] = []
+        self.owners: list[tuple[Any, int, int]] = []  # (module, first value, end), for error messages
+
+    def add(self, module: Any, values: list[Any]) -> None:
+        start = len(self.values)
+        self.values += values
+        self.owners.append((module, start, len(self.values)))
+        own = module.__dict__.get("_parameters")
+        if own:
+            self.params += own.values()
+
+    def account(self, torch: Any, report: CacheReport) -> None:
+        try:
+            try:
+                freed, shared = te_bytes.count(self.values, self.params, torch, set())
+            except Exception:  # find the module whose values cannot be counted; count the others
+                freed = shared = 0
+                counted: set[int] = set()
+                for module, start, end in self.owners:
+                    try:
+                        own = (module.__dict__.get("_parameters") or {}).values()
+                        f, s = te_bytes.count(self.values[start:end], own, torch, counted)
+                    except Exception as exc:  # accounting must never keep the caches alive:
+                        text = repr(exc)  # repr(exc), never the exception: a buffering log handler
+                        del exc  # would keep its traceback, whose frames hold the popped values
+                        report.errors.append(f"accounting {type(module).__name__}: {text}")
+                        warn_once(f"account:{text[:40]}", "te_offload_shim: byte accounting failed: %s", text)
+                        continue
+                    freed += f
+                    shared += s
+            report.bytes += freed
+            report.bytes_shared += shared
+        finally:
+            self.values.clear()
+            self.params.clear()
+            self.owners.clear()
 
 
 def _clear_module(
@@ -287,7 +333,7 @@ def _clear_module(
     workspaces: Any,
     torch: Any,
     clear: bool,
-    counted: set[int],
+    counted: _Batch,
     report: CacheReport,
 ) -> None:
     if not isinstance(workspaces, dict):
@@ -311,18 +357,7 @@ def _clear_module(
             repr(exc),
         )
         return
-    try:
-        params = (module.__dict__.get("_parameters") or {}).values()
-        freed, shared = te_bytes.count(values, params, torch, counted)  # a storage two entries share counts once
-        report.bytes += freed
-        report.bytes_shared += shared
-    except Exception as exc:  # accounting must never keep the caches alive
-        # repr(exc), never the exception: a buffering log handler would keep its traceback, whose
-        # frames hold the popped values, alive
-        text = repr(exc)
-        del exc
-        report.errors.append(f"accounting {type(module).__name__}: {text}")
-        warn_once(f"account:{text[:40]}", "te_offload_shim: byte accounting failed: %s", text)
+    counted.add(module, values)
     del values
     if clear:
         try:
