@@ -74,6 +74,7 @@ class _Maker:
         self.torch = torch
         self.classes = classes
         self.made: list[Any] = []  # every tensor handed to a constructor: the oracle
+        self.by_name: dict[str, Any] = {}
         dtype_enum = getattr(_module("pytorch.constants"), "DType", None)
         if dtype_enum is None or not hasattr(dtype_enum, "kFloat8E4M3"):
             dtype_enum = sys.modules["transformer_engine_torch"].DType
@@ -110,7 +111,8 @@ class _Maker:
         if cls_name.startswith("Grouped") and name in ("data", "columnwise_data"):
             return self.tensor((groups * ROWS * COLS,), u8)
         if name in shapes:
-            return self.tensor(*shapes[name])
+            self.by_name[name] = self.tensor(*shapes[name])
+            return self.by_name[name]
         if name in ("rowwise_storage", "rowwise_gemm_tensor"):
             return self.value(self._nested("Float8Tensor"))
         if name in ("columnwise_storage", "columnwise_gemm_tensor"):
@@ -337,6 +339,41 @@ def probe_modules(torch: Any) -> dict[str, Any]:
     return out
 
 
+# The constructor arguments that become a quantized parameter's second-direction copy.
+_COPY_ARGS = ("data_transpose", "columnwise_data", "columnwise_scale_inv", "amax_columnwise")
+
+
+def probe_primary_weights(torch: Any) -> dict[str, Any]:
+    """FP8 primary weights: a real quantized tensor made a parameter of a TE-like layer (as
+    `fp8_model_init` does); what the shim reports of its transpose / columnwise copy."""
+    from te_offload_shim.te_caches import scan
+
+    classes = {name: _find_class(name) for name in VALUE_CLASSES}
+    out: dict[str, Any] = {}
+    for name in ("Float8Tensor", "MXFP8Tensor", "Float8BlockwiseQTensor", "NVFP4Tensor"):
+        if classes.get(name) is None:
+            continue
+        maker = _Maker(torch, classes)
+        try:
+            param = torch.nn.Parameter(maker.value(name), requires_grad=False)
+        except Exception as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        layer = torch.nn.Module()
+        layer.__dict__["_fp8_workspaces"] = {}  # TE creates none for a primary weight
+        layer.weight = param
+        report = scan(torch.nn.Sequential(layer))
+        copies = [maker.by_name[a] for a in _COPY_ARGS if a in maker.by_name]
+        out[name] = {
+            "expected": _oracle(torch, copies),
+            "reported": report.primary_weight_bytes,
+            "params": report.primary_weight_params,
+            "where": report.primary_weight_where,
+            "entries": report.entries,
+        }
+    return out
+
+
 def probe_graph_marks(torch: Any, release: str) -> dict[str, Any]:
     """TE's real graph module (imported) marks a chunk the way make_graphed_callables does; does the
     shim leave that chunk's caches alone?"""
@@ -380,6 +417,7 @@ def probe_release(release: str) -> dict[str, Any]:
     result["values"] = probe_values(torch)
     result["modules"] = probe_modules(torch)
     result["graph"] = probe_graph_marks(torch, release)
+    result["primary_weights"] = probe_primary_weights(torch)
     return result
 
 

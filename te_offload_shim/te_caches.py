@@ -79,12 +79,22 @@ class CacheReport:
     released_bytes: int | None = None
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # FP8 primary weights (`fp8_model_init` / megatron `fp8_param`): TE creates no workspace for
+    # them, but the parameter itself carries a transpose / columnwise copy outside the DDP buffer
+    # (Float8Tensor `_transpose`; MXFP8, blockwise, NVFP4 `_columnwise_*`), which an offload leaves
+    # on the GPU. Reported, not cleared (see README).
+    primary_weight_params: int = 0
+    primary_weight_bytes: int = 0
+    primary_weight_where: list[str] = field(default_factory=list)
 
     def add(self, other: CacheReport) -> None:
         self.entries += other.entries
         self.modules += other.modules
         self.bytes += other.bytes
         self.bytes_shared += other.bytes_shared
+        self.primary_weight_params += other.primary_weight_params
+        self.primary_weight_bytes += other.primary_weight_bytes
+        self.primary_weight_where.extend(other.primary_weight_where[: _WHERE_MAX - len(self.primary_weight_where)])
         if other.released_bytes is not None:
             self.released_bytes = (self.released_bytes or 0) + other.released_bytes
         self.skipped.extend(other.skipped)
@@ -100,6 +110,9 @@ class CacheReport:
             "released_bytes": self.released_bytes,
             "skipped": [vars(s).copy() for s in self.skipped],
             "errors": list(self.errors),
+            "primary_weight_params": self.primary_weight_params,
+            "primary_weight_bytes": self.primary_weight_bytes,
+            "primary_weight_where": list(self.primary_weight_where),
         }
 
 
@@ -256,6 +269,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
                     sum(sizes.values()),
                 )
             )
+        primary_weight_copies(index, modern, torch, report)
         live = [(m, d[WORKSPACES]) for m, d in modern if _nonempty(d[WORKSPACES])]
         if not live:
             continue
@@ -279,6 +293,38 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
     if strict and report.errors:
         raise ShimError("; ".join(report.errors))
     return report
+
+
+# The fields of a quantized parameter that hold its second-direction copy, by class family
+# (transformer_engine/pytorch/tensor/...: Float8Tensor 2.x; MXFP8, Float8Blockwise, NVFP4).
+PRIMARY_WEIGHT_COPIES = ("_transpose", "_columnwise_data", "_columnwise_scale_inv", "_amax_columnwise")
+_WHERE_MAX = 16
+
+
+def primary_weight_copies(index: int, modules: list[tuple[Any, dict]], torch: Any, report: CacheReport) -> None:
+    """Count the transpose / columnwise copies that FP8 primary weights of these TE layers carry."""
+    plain = (torch.Tensor, torch.nn.Parameter)
+    for module, d in modules:
+        params = d.get("_parameters")
+        if not params:
+            continue
+        for name, param in params.items():
+            if param is None or type(param) in plain:
+                continue
+            try:
+                copies = [getattr(param, f, None) for f in PRIMARY_WEIGHT_COPIES]
+                held = te_bytes.storages([c for c in copies if c is not None], torch)
+            except Exception:  # a parameter class we do not know: nothing to say about it
+                continue
+            if not held:
+                continue
+            report.primary_weight_params += 1
+            report.primary_weight_bytes += sum(held.values())
+            if len(report.primary_weight_where) < _WHERE_MAX:
+                fields = "/".join(f for f, c in zip(PRIMARY_WEIGHT_COPIES, copies, strict=True) if c is not None)
+                report.primary_weight_where.append(
+                    f"chunk{index}:{type(module).__name__}.{name} ({type(param).__name__}.{fields})"
+                )
 
 
 class _Batch:

@@ -351,3 +351,21 @@ def test_logged_accounting_failure_keeps_no_popped_value_alive() -> None:
     assert any("unreadable" in r.getMessage() for r in keeper.records)
     assert all(not isinstance(a, BaseException) for r in keeper.records for a in (r.args or ()))
     assert alive() is None, "the popped value is still referenced"
+
+
+def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
+    """The surviving transpose / columnwise bytes of FP8 primary weights (counted on TE's real
+    classes in tests/test_te_real.py) are in every report and in `stats()` (as seen at the last call)."""
+    from types import SimpleNamespace
+
+    from te_offload_shim import _offload
+
+    report = scan(te.TELinearStandIn(8, 8))
+    report.primary_weight_bytes, report.primary_weight_params = 4096, 2
+    _offload.reset_stats()
+    try:
+        _offload._record(SimpleNamespace(name="user", path="mod:offload"), report)  # type: ignore[arg-type]
+        assert _offload.stats()["primary_weight_bytes"] == 4096
+    finally:
+        _offload.reset_stats()
+    assert {"primary_weight_params", "primary_weight_bytes", "primary_weight_where"} <= set(report.as_dict())
