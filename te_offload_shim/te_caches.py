@@ -304,9 +304,10 @@ _WHERE_MAX = 16
 def primary_weight_copies(index: int, modules: list[tuple[Any, dict]], torch: Any, report: CacheReport) -> None:
     """Count the transpose / columnwise copies that FP8 primary weights of these TE layers carry."""
     plain = (torch.Tensor, torch.nn.Parameter)
+    usual = {torch.Tensor, torch.nn.Parameter, type(None)}
     for module, d in modules:
         params = d.get("_parameters")
-        if not params:
+        if not params or usual.issuperset(map(type, params.values())):  # the common case, in C
             continue
         for name, param in params.items():
             if param is None or type(param) in plain:
@@ -332,26 +333,33 @@ class _Batch:
     together, at the end of the call (one pass and one storage table instead of one per module; a
     storage two entries share counts once). They are held only until then."""
 
+    FLUSH = 2048  # values per pass: big enough to amortise the pass, small enough to stay in cache
+
     def __init__(self) -> None:
         self.values: list[Any] = []
         self.params: list[Any] = []
         self.owners: list[tuple[Any, int, int]] = []  # (module, first value, end), for error messages
+        self.counted: set[int] = set()  # storages counted by earlier passes of this call
 
-    def add(self, module: Any, values: list[Any]) -> None:
+    def add(self, module: Any, values: list[Any], torch: Any, report: CacheReport) -> None:
         start = len(self.values)
         self.values += values
         self.owners.append((module, start, len(self.values)))
         own = module.__dict__.get("_parameters")
         if own:
             self.params += own.values()
+        if len(self.values) >= self.FLUSH:
+            self.account(torch, report)
 
     def account(self, torch: Any, report: CacheReport) -> None:
+        if not self.values:
+            return
         try:
             try:
-                freed, shared = te_bytes.count(self.values, self.params, torch, set())
+                freed, shared = te_bytes.count(self.values, self.params, torch, self.counted)
             except Exception:  # find the module whose values cannot be counted; count the others
                 freed = shared = 0
-                counted: set[int] = set()
+                counted = self.counted
                 for module, start, end in self.owners:
                     try:
                         own = (module.__dict__.get("_parameters") or {}).values()
@@ -403,7 +411,7 @@ def _clear_module(
             repr(exc),
         )
         return
-    counted.add(module, values)
+    counted.add(module, values, torch, report)
     del values
     if clear:
         try:
