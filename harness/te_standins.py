@@ -1,9 +1,14 @@
-"""Stand-ins for Transformer Engine's weight-cache layouts, one per TE era.
+"""Stand-ins for Transformer Engine's weight caches, for what cannot use TE's real classes.
 
-TE cannot be installed without CUDA, so these reproduce the attribute layout the shim reads, each
-naming the TE release and source file it mirrors (NVIDIA/TransformerEngine; facts re-checked with
-`git show TAG:path`). They hold real tensors, so byte counts and frees are real; they implement no
-TE math.
+TE's real Python code is tested release by release in tests/test_te_real.py (harness/te_import.py
+imports it from the PyPI wheels). These remain for two reasons only:
+- TE before 1.9 has no wheel with its Python code, and TE 1.x's `Float8Tensor` cannot be built on
+  CPU at all (its constructor moves the data with `.cuda()`): `Float8TensorV1`, `attach_legacy`;
+- the demo, the benchmarks and the framework tests run in processes that do not import TE: they
+  need a cache value with TE's fields, made on CPU (`Float8TensorV2`, `Float8BlockwiseQTensorV2`).
+The field names are not typed here: they are `harness/te_releases.FIELDS`, which the real-TE tests
+check against the fields of TE's own classes in every release that has them. They hold real tensors,
+so byte counts and frees are real; they implement no TE math.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from harness.te_releases import FIELDS
 
 FP8 = torch.float8_e4m3fn
 
@@ -40,9 +47,9 @@ class _Wrapper(torch.Tensor):
 
 
 class Float8TensorV1(_Wrapper):
-    """TE 1.0 - 1.13 `Float8Tensor` (transformer_engine/pytorch/float8_tensor.py v1.7;
-    tensor/float8_tensor.py v1.13): `_data` is an attribute, `_transpose` and `_scale_inv` are
-    properties over the `_fp8_attrs` dict shared between tensors with the same data."""
+    """TE 1.x `Float8Tensor` (transformer_engine/pytorch/float8_tensor.py v1.7, tensor/float8_tensor.py
+    v1.13; not buildable on CPU from the real wheels): `_data` is an attribute, `_transpose` and
+    `_scale_inv` are properties over the `_fp8_attrs` dict shared between tensors with the same data."""
 
     def __new__(cls, weight: torch.Tensor, *, with_transpose: bool = True, fp8_attrs: dict | None = None) -> Any:
         self = super().__new__(cls, weight.shape, weight.dtype, weight.device)
@@ -61,197 +68,47 @@ class Float8TensorV1(_Wrapper):
         return self._fp8_attrs["scale_inv"]
 
 
-class Float8TensorBaseV2_3:
-    """TE 2.0 - 2.3 `Float8TensorBase` (tensor/_internal/float8_tensor_base.py v2.3): a plain
-    object, not a torch.Tensor, made with `object.__new__`."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self._data = _fp8_bytes(weight)
-        self._transpose = _fp8_bytes(weight.t().contiguous())
-        self._scale_inv = _scale(weight.device)
-        self._fp8_dtype = "kFloat8E4M3"
-        self._quantizer = object()
-
-    def get_metadata(self) -> dict[str, Any]:
-        return {
-            "data": self._data,
-            "fp8_scale_inv": self._scale_inv,
-            "fp8_dtype": self._fp8_dtype,
-            "data_transpose": self._transpose,
-            "quantizer": self._quantizer,
-        }
-
-
-class _RowColumnStorage:
-    """The four-tensor storage of MXFP8 / Float8Blockwise (tensor/_internal/*_tensor_base.py v2.0 - 2.8,
-    tensor/storage/*_tensor_storage.py v2.9+)."""
-
-    block = 32
-
-    def _fill(self, weight: torch.Tensor) -> None:
-        rows, cols = weight.shape
-        self._rowwise_data = _fp8_bytes(weight)
-        self._columnwise_data = _fp8_bytes(weight)
-        self._rowwise_scale_inv = torch.ones(rows, max(1, cols // self.block), dtype=torch.uint8, device=weight.device)
-        self._columnwise_scale_inv = torch.ones(
-            max(1, rows // self.block), cols, dtype=torch.uint8, device=weight.device
-        )
-        self._quantizer = object()
-
-    def get_metadata(self) -> dict[str, Any]:
-        return {
-            "rowwise_data": self._rowwise_data,
-            "rowwise_scale_inv": self._rowwise_scale_inv,
-            "columnwise_data": self._columnwise_data,
-            "columnwise_scale_inv": self._columnwise_scale_inv,
-            "fp8_dtype": "kFloat8E4M3",
-            "quantizer": self._quantizer,
-        }
-
-
-class MXFP8TensorBaseV2_3(_RowColumnStorage):
-    """TE 2.0 - 2.3 `MXFP8TensorBase` (tensor/_internal/mxfp8_tensor_base.py v2.3): plain object."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self._fill(weight)
-
-
-class Float8BlockwiseQTensorBaseV2_3(_RowColumnStorage):
-    """TE 2.3 `Float8BlockwiseQTensorBase` (tensor/_internal/float8_blockwise_tensor_base.py v2.3)."""
-
-    block = 128
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self._fill(weight)
-        self._is_2D_scaled = True
-
-    def get_metadata(self) -> dict[str, Any]:
-        return {**super().get_metadata(), "is_2D_scaled": self._is_2D_scaled}
-
-
 class Float8TensorV2(_Wrapper):
-    """TE 2.4+ `Float8Tensor(Float8TensorStorage, QuantizedTensor)` (tensor/float8_tensor.py v2.14):
-    a torch.Tensor wrapper whose bytes live in `_data`, `_transpose`, `_scale_inv`."""
+    """TE 2.x `Float8Tensor`: a torch.Tensor wrapper whose bytes live in FIELDS["Float8Tensor"]
+    (data, transpose, scale-inverse)."""
 
     def __new__(cls, weight: torch.Tensor) -> Any:
         self = super().__new__(cls, weight.shape, weight.dtype, weight.device)
-        Float8TensorBaseV2_3.__init__(self, weight)  # type: ignore[arg-type]
-        return self
-
-    get_metadata = Float8TensorBaseV2_3.get_metadata
-
-
-class MXFP8TensorV2(_Wrapper, _RowColumnStorage):
-    """TE 2.4+ `MXFP8Tensor` (tensor/mxfp8_tensor.py v2.14)."""
-
-    def __new__(cls, weight: torch.Tensor) -> Any:
-        self = super().__new__(cls, weight.shape, weight.dtype, weight.device)
-        self._fill(weight)
+        data, transpose, scale_inv = FIELDS["Float8Tensor"]
+        setattr(self, data, _fp8_bytes(weight))
+        setattr(self, transpose, _fp8_bytes(weight.t().contiguous()))
+        setattr(self, scale_inv, _scale(weight.device))
+        self._quantizer = None
         return self
 
 
-class Float8BlockwiseQTensorV2(_Wrapper, _RowColumnStorage):
-    """TE 2.4+ `Float8BlockwiseQTensor` (tensor/float8_blockwise_tensor.py v2.14): the class verl
-    issue #6953 counted ~3,900 of per rank."""
+class Float8BlockwiseQTensorV2(_Wrapper):
+    """TE 2.3+ `Float8BlockwiseQTensor`, the class verl issue #6953 counted ~3,900 of per rank: four
+    inner tensors, FIELDS["Float8BlockwiseQTensor"] (row/column data, row/column scale-inverse)."""
 
     block = 128
 
     def __new__(cls, weight: torch.Tensor) -> Any:
         self = super().__new__(cls, weight.shape, weight.dtype, weight.device)
-        self._fill(weight)
-        return self
-
-
-class NVFP4TensorV2(_Wrapper, _RowColumnStorage):
-    """TE 2.8+ `NVFP4Tensor` (tensor/nvfp4_tensor.py v2.8; storage/nvfp4_tensor_storage.py v2.9+):
-    packed 4-bit data plus per-direction amax."""
-
-    block = 16
-
-    def __new__(cls, weight: torch.Tensor) -> Any:
-        self = super().__new__(cls, weight.shape, weight.dtype, weight.device)
-        self._fill(weight)
         rows, cols = weight.shape
-        self._rowwise_data = torch.zeros(rows, max(1, cols // 2), dtype=torch.uint8, device=weight.device)
-        self._columnwise_data = torch.zeros(cols, max(1, rows // 2), dtype=torch.uint8, device=weight.device)
-        self._amax_rowwise = torch.ones(1, dtype=torch.float32, device=weight.device)
-        self._amax_columnwise = torch.ones(1, dtype=torch.float32, device=weight.device)
+        row_data, col_data, row_scale, col_scale = FIELDS["Float8BlockwiseQTensor"]
+        setattr(self, row_data, _fp8_bytes(weight))
+        setattr(self, col_data, _fp8_bytes(weight.t().contiguous()))
+        u8 = {"dtype": torch.uint8, "device": weight.device}
+        setattr(self, row_scale, torch.ones(rows, max(1, cols // self.block), **u8))  # type: ignore[arg-type]
+        setattr(self, col_scale, torch.ones(cols, max(1, rows // self.block), **u8))  # type: ignore[arg-type]
+        self._quantizer = None
         return self
-
-    def get_metadata(self) -> dict[str, Any]:
-        return {**super().get_metadata(), "amax_rowwise": self._amax_rowwise, "amax_columnwise": self._amax_columnwise}
-
-
-class GroupedTensorStorageMain:
-    """TE main `GroupedTensorStorage` (tensor/storage/grouped_tensor_storage.py, after v2.18):
-    public field names, no `get_metadata`; `quantized_tensors` are views into the grouped data."""
-
-    def __init__(self, weights: list[torch.Tensor]) -> None:
-        flat = torch.cat([w.detach().reshape(-1) for w in weights])
-        self.rowwise_data = _fp8_bytes(flat)
-        self.columnwise_data = _fp8_bytes(flat)
-        self.scale_inv = torch.ones(len(weights), dtype=torch.float32, device=flat.device)
-        self.columnwise_scale_inv = torch.ones(len(weights), dtype=torch.float32, device=flat.device)
-        self.amax = None
-        self.quantizer = object()
-        sizes = [w.numel() for w in weights]
-        self.quantized_tensors = list(torch.split(self.rowwise_data, sizes))
-        self.num_tensors = len(weights)
-
-
-class HybridQuantizedTensorStorageMain:
-    """TE main `HybridQuantizedTensorStorage` (tensor/storage/hybrid_tensor_storage.py): two nested
-    storages, one per direction."""
-
-    def __init__(self, rowwise: Any, columnwise: Any) -> None:
-        self._rowwise_storage = rowwise
-        self._columnwise_storage = columnwise
-        self._quantizer = object()
-
-    def get_metadata(self) -> dict[str, Any]:
-        return {
-            "rowwise_storage": self._rowwise_storage,
-            "columnwise_storage": self._columnwise_storage,
-            "quantizer": self._quantizer,
-        }
-
-
-class DebugQuantizedTensorMain:
-    """TE `DebugQuantizedTensor` (transformer_engine/debug/pytorch/debug_quantization.py, v2.3+):
-    wraps the tensors used by the GEMMs; both directions may be the same object. Its inherited
-    `get_metadata` is abstract."""
-
-    def __init__(self, rowwise: Any, columnwise: Any) -> None:
-        self.rowwise_gemm_tensor = rowwise
-        self.columnwise_gemm_tensor = columnwise
-        self.quantizer = object()
-
-    def get_metadata(self) -> dict[str, Any]:
-        raise NotImplementedError
 
 
 def inner_tensors(value: Any) -> list[torch.Tensor]:
-    """The stand-ins' own byte holders, listed by hand per class (the test oracle)."""
-    names = {
-        Float8TensorV1: ("_data", "_transpose", "_scale_inv"),
-        Float8TensorBaseV2_3: ("_data", "_transpose", "_scale_inv"),
-        Float8TensorV2: ("_data", "_transpose", "_scale_inv"),
-        MXFP8TensorBaseV2_3: _ROWCOL,
-        Float8BlockwiseQTensorBaseV2_3: _ROWCOL,
-        MXFP8TensorV2: _ROWCOL,
-        Float8BlockwiseQTensorV2: _ROWCOL,
-        NVFP4TensorV2: (*_ROWCOL, "_amax_rowwise", "_amax_columnwise"),
-        GroupedTensorStorageMain: ("rowwise_data", "columnwise_data", "scale_inv", "columnwise_scale_inv"),
-    }
-    if isinstance(value, HybridQuantizedTensorStorageMain):
-        return inner_tensors(value._rowwise_storage) + inner_tensors(value._columnwise_storage)
-    if isinstance(value, DebugQuantizedTensorMain):
-        return inner_tensors(value.rowwise_gemm_tensor) + inner_tensors(value.columnwise_gemm_tensor)
-    found = [getattr(value, n) for n in names[type(value)]]
+    """The stand-ins' own byte holders, listed by class (the test oracle)."""
+    if isinstance(value, Float8TensorV1):
+        names: tuple[str, ...] = ("_data", "_transpose", "_scale_inv")
+    else:
+        names = FIELDS["Float8Tensor" if isinstance(value, Float8TensorV2) else "Float8BlockwiseQTensor"]
+    found = [getattr(value, n) for n in names]
     return [t for t in found if t is not None]
-
-
-_ROWCOL = ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv")
 
 
 # --- module layouts -----------------------------------------------------------------------------
@@ -264,7 +121,7 @@ def attach_workspaces(module: torch.nn.Module, entries: dict[str, Any]) -> None:
 
 
 def attach_legacy(module: torch.nn.Module, weights: list[torch.Tensor]) -> None:
-    """TE 1.0 - 1.7 layout (module/base.py v1.7 `set_fp8_weights`): `fp8_weight_shapes` plus
+    """TE before 1.8 (0.x - 1.7) layout (module/base.py v1.7 `set_fp8_weights`): `fp8_weight_shapes` plus
     plain attributes `weight{i}_fp8`, `weight{i}_t_fp8`, i from 1."""
     module.__dict__["fp8_weight_shapes"] = [w.shape for w in weights]
     for i, w in enumerate(weights, start=1):

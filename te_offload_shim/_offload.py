@@ -35,6 +35,7 @@ _totals: dict[str, Any] = {
     "released_bytes": 0,
     "skipped": 0,
     "errors": 0,
+    "primary_weight_bytes": 0,  # FP8 primary weights' transpose/columnwise copies seen at the last call
 }
 _by_target: dict[str, dict[str, int]] = {}
 _announced = False
@@ -64,6 +65,7 @@ def _record(target: Target, report: te_caches.CacheReport) -> None:
         per["calls"] += 1
         _totals["skipped"] += len(report.skipped)
         _totals["errors"] += len(report.errors)
+        _totals["primary_weight_bytes"] = report.primary_weight_bytes
         if not report.entries:
             return
         _totals["cleared_calls"] += 1

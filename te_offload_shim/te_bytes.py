@@ -9,9 +9,11 @@ offload, so how to open a value is worked out once per class and remembered.
 from __future__ import annotations
 
 from bisect import bisect_right
+from operator import attrgetter, methodcaller
 from typing import Any
 
-# Where the bytes of a cached value live, by TE release (transformer_engine/pytorch/...).
+# Where the bytes of a cached value live, by TE release (transformer_engine/pytorch/...). Checked
+# against each release's real classes by tests/test_te_real.py (built on CPU from tensors of known size).
 INNER_ATTRS = (
     # 1.x Float8Tensor (float8_tensor.py; `_transpose`, `_scale_inv` are properties over `_fp8_attrs`),
     # 2.0 - 2.8 Float8TensorBase (tensor/_internal), 2.9+ Float8TensorStorage (tensor/storage)
@@ -25,13 +27,21 @@ INNER_ATTRS = (
     "_columnwise_scale_inv",
     "_amax_rowwise",
     "_amax_columnwise",
-    # GroupedTensorStorage (2.13+; public field names, no get_metadata)
+    # GroupedTensorStorage (2.13+, first cached in 2.19; public field names, no get_metadata)
     "rowwise_data",
     "columnwise_data",
     "scale_inv",
     "columnwise_scale_inv",
-    "quantized_tensors",
-    # HybridQuantizedTensorStorage (main): nested storages; DebugQuantizedTensor (2.3+): wrapped values
+    "amax",
+    "columnwise_amax",
+    "scale",
+    "first_dims",
+    "last_dims",
+    "tensor_offsets",
+    "quantized_tensors",  # views into rowwise_data / columnwise_data: same storages, counted once
+    # IdentityTensorStorage (2.19+, Hybrid custom recipes): the high-precision copy itself
+    "_hp_data",
+    # HybridQuantizedTensorStorage (2.19+): nested storages; DebugQuantizedTensor (2.3+): wrapped values
     "_rowwise_storage",
     "_columnwise_storage",
     "rowwise_gemm_tensor",
@@ -43,48 +53,63 @@ STORAGE_MARKS = (
     "_rowwise_data",
     "_columnwise_data",
     "rowwise_data",
+    "_hp_data",
     "_rowwise_storage",
     "rowwise_gemm_tensor",
 )
 _MAX_DEPTH = 4
 
-# How to open a value of a given class.
+# How to open a value of a given class: (kind, getter of its byte-holding attributes as a tuple,
+# whether every one of them held a plain tensor or None when the plan was made).
 _SELF, _META, _ATTRS, _SEQ, _NOTHING = range(5)
-_plans: dict[type, tuple[int, tuple[str, ...]]] = {}
+_plans: dict[type, tuple[int, Any, bool]] = {}
 
 
 def _is_storage(value: Any) -> bool:
     return any(hasattr(value, mark) for mark in STORAGE_MARKS)
 
 
-def _known_attrs(value: Any) -> tuple[str, ...]:
+def _known_attrs(value: Any, torch: Any) -> tuple[str, ...]:
+    """The names above that `value` has, those its class declares (`_INNER_TENSORS`), and any other
+    instance attribute holding a tensor (a field added by a release we have not seen)."""
     declared = [e[0] if isinstance(e, tuple) else e for e in getattr(type(value), "_INNER_TENSORS", ()) or ()]
-    return tuple(n for n in dict.fromkeys([*declared, *INNER_ATTRS]) if isinstance(n, str) and hasattr(value, n))
+    own = [k for k, v in getattr(value, "__dict__", {}).items() if isinstance(v, torch.Tensor)]
+    names = dict.fromkeys([*declared, *INNER_ATTRS, *own])
+    # a wrapper tensor has methods by some of these names (`Tensor.amax`): fields only
+    return tuple(n for n in names if isinstance(n, str) and not callable(getattr(value, n, len)))
 
 
-def _plan(value: Any, torch: Any) -> tuple[int, tuple[str, ...]]:
+def _getter(names: tuple[str, ...]) -> Any:
+    get = attrgetter(*names)
+    return get if len(names) > 1 else (lambda value: (get(value),))
+
+
+def _plan(value: Any, torch: Any) -> tuple[int, Any, bool]:
     """How to open objects of `value`'s class: the known attribute names it carries, checked once
     against TE's own enumeration (`get_metadata()`, 2.0+); that enumeration itself when it names a
     tensor the attributes miss (a class from a release we have not seen)."""
     if isinstance(value, (list, tuple)):
-        return _SEQ, ()
+        return _SEQ, None, False
     if not _is_storage(value):
-        return (_SELF, ()) if isinstance(value, torch.Tensor) else (_NOTHING, ())
-    names = _known_attrs(value)
+        return (_SELF, None, True) if isinstance(value, torch.Tensor) else (_NOTHING, None, False)
+    names = _known_attrs(value, torch)
     get_metadata = getattr(value, "get_metadata", None)
     if callable(get_metadata):
         try:
             listed = [v for v in get_metadata().values() if isinstance(v, torch.Tensor) or _is_storage(v)]
-        except NotImplementedError:  # DebugQuantizedTensor inherits an abstract one
+        except NotImplementedError:  # an abstract one inherited: the attributes are all there is
             listed = []
         found = {id(getattr(value, n)) for n in names}
         if any(id(v) not in found for v in listed):
-            return _META, ()
-    return _ATTRS, names
+            return _META, None, False
+    if not names:
+        return _NOTHING, None, False
+    plain = (torch.Tensor, torch.nn.Parameter, type(None))
+    return _ATTRS, _getter(names), all(type(getattr(value, n)) in plain for n in names)
 
 
 def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> None:
-    """Append to `out` the plain tensors that hold `value`'s bytes."""
+    """Append to `out` the plain tensors that hold `value`'s bytes (and Nones, which callers skip)."""
     cls = type(value)
     if cls is torch.Tensor or cls is torch.nn.Parameter:
         out.append(value)
@@ -94,12 +119,20 @@ def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> Non
     plan = _plans.get(cls)
     if plan is None:
         plan = _plans[cls] = _plan(value, torch)
-    kind, names = plan
+    kind, getter, flat = plan
     if kind == _ATTRS:
+        try:
+            items = getter(value)
+        except AttributeError:  # an instance missing a field its class had when planned
+            del _plans[cls]
+            items = tuple(getattr(value, n, None) for n in _known_attrs(value, torch))
+            flat = False
+        if flat:
+            out.extend(items)  # checked in `_add`: a field that later holds a storage is opened there
+            return
         plain = (torch.Tensor, torch.nn.Parameter)
-        for name in names:
-            item = getattr(value, name, None)
-            if type(item) in plain:  # the common case, without a call per tensor
+        for item in items:
+            if type(item) in plain:
                 out.append(item)
             elif item is not None and item is not value:
                 inner_tensors(item, torch, out, depth + 1)
@@ -114,20 +147,78 @@ def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> Non
         out.append(value)
 
 
+def _tensors(values: Any, torch: Any) -> list[Any]:
+    """The plain tensors holding `values`, None-free. The hot loop of the accounting: one attribute
+    getter call per value of a known class, no call per tensor."""
+    found: list[Any] = []
+    extend = found.extend
+    plans = _plans
+    for value in values:
+        plan = plans.get(type(value))
+        if plan is not None and plan[2]:
+            try:
+                extend(plan[1](value))
+                continue
+            except AttributeError:
+                pass
+        inner_tensors(value, torch, found)
+    out = [t for t in found if t is not None]
+    plain = (torch.Tensor, torch.nn.Parameter)
+    odd = [t for t in out if type(t) not in plain]
+    if not odd:
+        return out
+    # a field that held a tensor when its class was planned holds a storage now: open it
+    out = [t for t in out if type(t) in plain]
+    for t in odd:
+        nested: list[Any] = []
+        inner_tensors(t, torch, nested, 1)
+        out += [n for n in nested if n is not None]
+    return out
+
+
 def storages(values: Any, torch: Any) -> dict[int, int]:
     """Unique storages holding `values`: {address: nbytes}.
 
     Keyed by address alone: CUDA's unified virtual addressing gives host and every device
     disjoint addresses, so an address names one storage in the process."""
-    tensors: list[Any] = []
-    for value in values:
-        inner_tensors(value, torch, tensors)
-    found: dict[int, int] = {}
-    for t in tensors:
-        storage = t.untyped_storage()
-        found[storage.data_ptr()] = storage.nbytes()
+    return storages_of(_tensors(values, torch))
+
+
+_untyped_storage = methodcaller("untyped_storage")
+_data_ptr = methodcaller("data_ptr")
+_nbytes = methodcaller("nbytes")
+
+
+def storages_of(tensors: list[Any]) -> dict[int, int]:
+    """{storage address: storage nbytes} of plain tensors; the loops run in C (map), not bytecode."""
+    held = list(map(_untyped_storage, tensors))
+    found = dict(zip(map(_data_ptr, held), map(_nbytes, held), strict=True))
     found.pop(0, None)  # empty storages (and meta tensors) hold nothing
     return found
+
+
+def count(values: Any, params: Any, torch: Any, counted: set[int]) -> tuple[int, int]:
+    """Bytes that dropping `values` frees (their unique storages), and bytes of theirs that live in a
+    storage one of `params` also lives in (not freed). Storages in `counted` are skipped, then added.
+
+    The second figure is the entries' own tensors' bytes (`nbytes`), not their storage's: an entry
+    that is a view into a megatron DDP bucket shares the bucket, and the bucket is not the entry's.
+    This runs for every cache entry of a model at every offload (benchmarks/walk.py): the per-tensor
+    calls run in `map`, and the values of one call are counted in one pass (te_caches._Batch)."""
+    tensors = _tensors(values, torch)
+    found = storages_of(tensors)
+    if counted:
+        for key in counted.intersection(found):
+            del found[key]
+    counted.update(found)
+    shared = shared_with(found, params, torch)
+    if not shared:
+        return sum(found.values()), 0
+    views: dict[tuple[int, int], int] = {}
+    for t in tensors:
+        if t.untyped_storage().data_ptr() in shared:
+            views[(t.data_ptr(), t.nbytes)] = t.nbytes
+    return sum(v for k, v in found.items() if k not in shared), sum(views.values())
 
 
 def shared_with(held: dict[int, int], params: Any, torch: Any) -> set[int]:
@@ -137,13 +228,14 @@ def shared_with(held: dict[int, int], params: Any, torch: Any) -> set[int]:
     parameter that is a view into a larger buffer (megatron DDP) is still found."""
     if not held:
         return set()
+    plain = (torch.Tensor, torch.nn.Parameter)
+    tensors = [p for p in params if type(p) in plain]
+    odd = [p for p in params if type(p) not in plain]
+    if odd:  # quantized parameters (FP8 primary weights): their inner tensors
+        tensors += _tensors(odd, torch)
     starts = sorted(held)
     shared: set[int] = set()
-    tensors: list[Any] = []
-    for p in params:
-        inner_tensors(p, torch, tensors)
-    for t in tensors:
-        address = t.data_ptr()
+    for address in map(_data_ptr, tensors):
         i = bisect_right(starts, address) - 1
         if i >= 0 and address < starts[i] + held[starts[i]]:
             shared.add(starts[i])

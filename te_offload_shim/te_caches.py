@@ -7,11 +7,12 @@ with torch taken from `sys.modules` (if torch is not imported, there is nothing 
 Layouts (TE source files named so they can be checked again):
 
 * TE >= 1.8 (`transformer_engine/pytorch/module/base.py`): `self._fp8_workspaces`, a plain dict
-  filled by `get_weight_workspace()` / `quantize_weight()`. TE rebuilds a missing entry on the next
-  forward, so popping the entries is safe. Keys: "weight" (Linear, LayerNormLinear), "fc1_weight",
+  filled by `get_fp8_workspace()` (1.8 - 1.13), `get_weight_workspace()` (2.0 - 2.14),
+  `quantize_weight()` (2.15+). TE rebuilds a missing entry on the next forward, so popping the
+  entries is safe. Keys: "weight" (Linear, LayerNormLinear), "fc1_weight",
   "fc2_weight" (LayerNormMLP), "weight0".."weightN-1" (GroupedLinear, 1.9+), "weight" too for a
   GroupedLinear with `single_grouped_weight=True` (2.19+).
-* TE 1.0 - 1.7 (`module/base.py` sets `fp8_weight_shapes`): attributes `weight{i}_fp8` and
+* TE before 1.8, 0.x included (`module/base.py` sets `fp8_weight_shapes`): attributes `weight{i}_fp8` and
   `weight{i}_t_fp8`. NOT safe to drop: a later forward with `is_first_microbatch=False`
   re-allocates an uninitialised buffer and uses it unfilled. Left alone, reported as skipped.
 
@@ -40,9 +41,18 @@ LEGACY_ATTRS = ("weight1_fp8", "weight1_t_fp8", "weight2_fp8", "weight2_t_fp8")
 _GRAPH_CONFIG_FLAGS = ("enable_cuda_graph", "external_cuda_graph")
 # Megatron's module markers (megatron/core/transformer/module.py, core_v0.15+; transformer_layer.py
 # before): a `cudagraph_manager` submodule for cuda_graph_impl="local", a `cuda_graphs` list that
-# TECudaGraphHelper fills for "transformer_engine". TE itself marks nothing (graph.py).
+# TECudaGraphHelper fills for "transformer_engine".
 _GRAPH_SUBMODULE = "cudagraph_manager"
 _GRAPH_LIST = "cuda_graphs"
+# TE's own marks (transformer_engine/pytorch/graph.py, 1.9 - 2.20; checked against each release's
+# graph.py by tests/hostile/test_te_cuda_graphs.py):
+# `make_graphed_callables(module, ...)` sets instance attributes that are functions of that module:
+# `forward` = `_make_graphed_callables.<locals>.make_graphed_forward.<locals>.new_fwd` (without `_order`),
+# before 2.8 also `forward` = `make_graphed_callables.<locals>.wrap_autocast.<locals>.forward_func`
+# (left in place even with `_order`), and from 2.10 `reset` / `backward_dw`. Recognised by the
+# function's module, so a renamed closure in a later release is still caught.
+TE_GRAPH_MODULE = "transformer_engine.pytorch.graph"
+TE_GRAPH_ATTRS = ("forward", "reset", "backward_dw")
 
 
 @dataclass
@@ -70,12 +80,22 @@ class CacheReport:
     released_bytes: int | None = None
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # FP8 primary weights (`fp8_model_init` / megatron `fp8_param`): TE creates no workspace for
+    # them, but the parameter itself carries a transpose / columnwise copy outside the DDP buffer
+    # (Float8Tensor `_transpose`; MXFP8, blockwise, NVFP4 `_columnwise_*`), which an offload leaves
+    # on the GPU. Reported, not cleared (see README).
+    primary_weight_params: int = 0
+    primary_weight_bytes: int = 0
+    primary_weight_where: list[str] = field(default_factory=list)
 
     def add(self, other: CacheReport) -> None:
         self.entries += other.entries
         self.modules += other.modules
         self.bytes += other.bytes
         self.bytes_shared += other.bytes_shared
+        self.primary_weight_params += other.primary_weight_params
+        self.primary_weight_bytes += other.primary_weight_bytes
+        self.primary_weight_where.extend(other.primary_weight_where[: _WHERE_MAX - len(self.primary_weight_where)])
         if other.released_bytes is not None:
             self.released_bytes = (self.released_bytes or 0) + other.released_bytes
         self.skipped.extend(other.skipped)
@@ -91,6 +111,9 @@ class CacheReport:
             "released_bytes": self.released_bytes,
             "skipped": [vars(s).copy() for s in self.skipped],
             "errors": list(self.errors),
+            "primary_weight_params": self.primary_weight_params,
+            "primary_weight_bytes": self.primary_weight_bytes,
+            "primary_weight_where": list(self.primary_weight_where),
         }
 
 
@@ -188,6 +211,8 @@ def _walk(chunk: Any) -> _Tree:
                 push(children.values())
             if graph_mark is None and _GRAPH_LIST in d and d[_GRAPH_LIST]:
                 graph_mark = f"{type(module).__name__}.{_GRAPH_LIST} holds captured graphs"
+            if graph_mark is None and ("forward" in d or "reset" in d or "backward_dw" in d):
+                graph_mark = te_graph_mark(module)
             if WORKSPACES in d:
                 modern.append((module, d))
             elif LEGACY_MARKER in d:
@@ -196,6 +221,22 @@ def _walk(chunk: Any) -> _Tree:
             unreadable.append((module, exc))
             push(child for _, child in _child_modules(module))
     return _Tree(modern, legacy, graph_mark, unreadable)
+
+
+def te_graph_mark(module: Any) -> str | None:
+    """What TE's `make_graphed_callables` left on `module` (an instance attribute that is a function
+    of TE's graph module), or None."""
+    d = getattr(module, "__dict__", None) or {}
+    for name in TE_GRAPH_ATTRS:
+        value = d.get(name)
+        try:
+            if value is None or getattr(value, "__module__", None) != TE_GRAPH_MODULE:
+                continue
+            function = str(getattr(value, "__qualname__", "?")).rsplit(".", 1)[-1]
+        except Exception:  # an odd object under that name is not TE's function
+            continue
+        return f"{type(module).__name__}.{name} is TE's {function} from make_graphed_callables"
+    return None
 
 
 def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
@@ -289,7 +330,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
         return report
     strict = _config.strict() if strict is None else strict
     before = _allocated(torch) if clear else None
-    counted: set[int] = set()
+    counted = _Batch()
     param_ids = None if params is None else {id(p) for p in params}
     chunks, refused = as_chunks(models)
     if refused is not None:
@@ -304,6 +345,8 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
             modern = _owned(modern, param_ids, names, report)
             legacy = _owned(legacy, param_ids, names, report)
         for module, d in legacy:
+            if all(d.get(a) is None for a in LEGACY_ATTRS):
+                continue  # a TE < 1.8 layer that has cached nothing (yet): nothing left in place
             try:
                 sizes = te_bytes.storages([d.get(a) for a in LEGACY_ATTRS], torch)
                 entries = sum(1 for a in LEGACY_ATTRS if d.get(a) is not None)
@@ -318,6 +361,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
                     sum(sizes.values()),
                 )
             )
+        primary_weight_copies(index, modern, torch, report)
         live = [(m, d[WORKSPACES]) for m, d in modern if _nonempty(d[WORKSPACES])]
         if not live:
             continue
@@ -338,6 +382,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
             continue
         for module, workspaces in live:
             _clear_module(names, module, workspaces, torch, clear, counted, report)
+    counted.account(torch, report)
     if clear and before is not None:
         after = _allocated(torch)
         report.released_bytes = before - after if after is not None else None
@@ -372,13 +417,98 @@ def _owned(
     return owned
 
 
+# The fields of a quantized parameter that hold its second-direction copy, by class family
+# (transformer_engine/pytorch/tensor/...: Float8Tensor 2.x; MXFP8, Float8Blockwise, NVFP4).
+PRIMARY_WEIGHT_COPIES = ("_transpose", "_columnwise_data", "_columnwise_scale_inv", "_amax_columnwise")
+_WHERE_MAX = 16
+
+
+def primary_weight_copies(index: int, modules: list[tuple[Any, dict]], torch: Any, report: CacheReport) -> None:
+    """Count the transpose / columnwise copies that FP8 primary weights of these TE layers carry."""
+    plain = (torch.Tensor, torch.nn.Parameter)
+    usual = {torch.Tensor, torch.nn.Parameter, type(None)}
+    for module, d in modules:
+        params = d.get("_parameters")
+        if not params or usual.issuperset(map(type, params.values())):  # the common case, in C
+            continue
+        for name, param in params.items():
+            if param is None or type(param) in plain:
+                continue
+            try:
+                copies = [getattr(param, f, None) for f in PRIMARY_WEIGHT_COPIES]
+                held = te_bytes.storages([c for c in copies if c is not None], torch)
+            except Exception:  # a parameter class we do not know: nothing to say about it
+                continue
+            if not held:
+                continue
+            report.primary_weight_params += 1
+            report.primary_weight_bytes += sum(held.values())
+            if len(report.primary_weight_where) < _WHERE_MAX:
+                fields = "/".join(f for f, c in zip(PRIMARY_WEIGHT_COPIES, copies, strict=True) if c is not None)
+                report.primary_weight_where.append(
+                    f"chunk{index}:{type(module).__name__}.{name} ({type(param).__name__}.{fields})"
+                )
+
+
+class _Batch:
+    """The values popped in one call, with their modules' parameters: their bytes are counted once,
+    together, at the end of the call (one pass and one storage table instead of one per module; a
+    storage two entries share counts once). They are held only until then."""
+
+    FLUSH = 2048  # values per pass: big enough to amortise the pass, small enough to stay in cache
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self.params: list[Any] = []
+        self.owners: list[tuple[Any, int, int]] = []  # (module, first value, end), for error messages
+        self.counted: set[int] = set()  # storages counted by earlier passes of this call
+
+    def add(self, module: Any, values: list[Any], torch: Any, report: CacheReport) -> None:
+        start = len(self.values)
+        self.values += values
+        self.owners.append((module, start, len(self.values)))
+        own = module.__dict__.get("_parameters")
+        if own:
+            self.params += own.values()
+        if len(self.values) >= self.FLUSH:
+            self.account(torch, report)
+
+    def account(self, torch: Any, report: CacheReport) -> None:
+        if not self.values:
+            return
+        try:
+            try:
+                freed, shared = te_bytes.count(self.values, self.params, torch, self.counted)
+            except Exception:  # find the module whose values cannot be counted; count the others
+                freed = shared = 0
+                counted = self.counted
+                for module, start, end in self.owners:
+                    try:
+                        own = (module.__dict__.get("_parameters") or {}).values()
+                        f, s = te_bytes.count(self.values[start:end], own, torch, counted)
+                    except Exception as exc:  # accounting must never keep the caches alive:
+                        text = repr(exc)  # repr(exc), never the exception: a buffering log handler
+                        del exc  # would keep its traceback, whose frames hold the popped values
+                        report.errors.append(f"accounting {type(module).__name__}: {text}")
+                        warn_once(f"account:{text[:40]}", "te_offload_shim: byte accounting failed: %s", text)
+                        continue
+                    freed += f
+                    shared += s
+            report.bytes += freed
+            report.bytes_shared += shared
+        finally:
+            self.values.clear()
+            self.params.clear()
+            self.owners.clear()
+
+
 def _clear_module(
     names: _Names,
     module: Any,
     workspaces: Any,
     torch: Any,
     clear: bool,
-    counted: set[int],
+    counted: _Batch,
     report: CacheReport,
 ) -> None:
     if not isinstance(workspaces, dict):
@@ -395,19 +525,14 @@ def _clear_module(
         report.skipped.append(Skipped(where, f"reading {WORKSPACES} raised {type(exc).__name__}: {exc}"))
         report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
         warn_once(
-            f"read:{type(workspaces).__name__}", "te_offload_shim: cannot read %s at %s: %r", WORKSPACES, where, exc
+            f"read:{type(workspaces).__name__}",
+            "te_offload_shim: cannot read %s at %s: %s",
+            WORKSPACES,
+            where,
+            repr(exc),
         )
         return
-    try:
-        held = te_bytes.storages(values, torch)
-        shared = te_bytes.shared_with(held, (module.__dict__.get("_parameters") or {}).values(), torch)
-        fresh = held.keys() - counted  # a storage two entries share is counted once
-        counted.update(fresh)
-        report.bytes += sum(held[k] for k in fresh if k not in shared)
-        report.bytes_shared += sum(held[k] for k in fresh if k in shared)
-    except Exception as exc:  # accounting must never keep the caches alive
-        report.errors.append(f"accounting {type(module).__name__}: {type(exc).__name__}: {exc}")
-        warn_once(f"account:{type(exc).__name__}", "te_offload_shim: byte accounting failed: %r", exc)
+    counted.add(module, values, torch, report)
     del values
     if clear:
         try:
@@ -421,7 +546,11 @@ def _clear_module(
             report.skipped.append(Skipped(where, f"clearing {WORKSPACES} raised {type(exc).__name__}: {exc}", entries))
             report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
             warn_once(
-                f"pop:{type(workspaces).__name__}", "te_offload_shim: cannot clear %s at %s: %r", WORKSPACES, where, exc
+                f"pop:{type(workspaces).__name__}",
+                "te_offload_shim: cannot clear %s at %s: %s",
+                WORKSPACES,
+                where,
+                repr(exc),
             )
             return
     report.entries += entries

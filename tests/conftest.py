@@ -123,3 +123,22 @@ def run_py(
     out = json.loads(results[-1])
     out["_stderr"] = proc.stderr
     return out
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per Transformer Engine release: how its real-TE tests went (tests/test_te_real.py),
+    so CI output shows each release's passes and skips (`-rs` gives the skip reasons)."""
+    import re
+
+    per: dict[str, dict[str, int]] = {}
+    for outcome in ("passed", "skipped", "failed"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            found = re.search(r"test_te_real\.py::.*\[(\d+\.\d+\.\d+)", getattr(rep, "nodeid", ""))
+            if found and (rep.when == "call" or outcome == "skipped"):
+                counts = per.setdefault(found.group(1), {"passed": 0, "skipped": 0, "failed": 0})
+                counts[outcome] += 1
+    if per:
+        terminalreporter.section("Transformer Engine releases (tests/test_te_real.py)")
+        for release in sorted(per, key=lambda r: tuple(int(p) for p in r.split("."))):
+            c = per[release]
+            terminalreporter.line(f"TE {release}: {c['passed']} passed, {c['skipped']} skipped, {c['failed']} failed")

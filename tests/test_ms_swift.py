@@ -40,6 +40,7 @@ def test_ms_swift_offload_leaves_no_cache() -> None:
     for name in [m for m in sys.modules if m.startswith("megatron.core.extensions")]:
         del sys.modules[name]
     sys.path.insert(0, str(SWIFT))
+    sys.path.insert(1, str(DEPS / "triton"))  # mcore_bridge imports triton (set up once, shared with TE's tests)
 
     te_import_only.install()
     from swift.megatron.trainers import rollout_mixin

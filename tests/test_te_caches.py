@@ -1,7 +1,8 @@
-"""TE's cache layouts, one stand-in per era (harness/te_standins.py names the TE file each mirrors).
+"""The clearing logic on TE's cache layouts: stand-in values (harness/te_standins.py), real megatron.
 
-Byte counts are checked against an oracle that lists each stand-in's tensors by hand
-(`te_standins.inner_tensors`), not against the code under test.
+Byte counts are checked against an oracle that lists each stand-in's tensors
+(`te_standins.inner_tensors`), not against the code under test. TE's own classes, release by release,
+are in tests/test_te_real.py.
 """
 
 from __future__ import annotations
@@ -32,20 +33,12 @@ def weight(rows: int = 64, cols: int = 32) -> torch.Tensor:
     return torch.randn(rows, cols)
 
 
+# TE's real classes of every release are checked in tests/test_te_real.py; these are the stand-ins
+# other tests use (harness/te_standins.py says why they remain).
 VALUE_FACTORIES = {
-    "1.8-1.13 Float8Tensor": lambda w: te.Float8TensorV1(w),
-    "2.0-2.3 Float8TensorBase": te.Float8TensorBaseV2_3,
-    "2.0-2.3 MXFP8TensorBase": te.MXFP8TensorBaseV2_3,
-    "2.3 Float8BlockwiseQTensorBase": te.Float8BlockwiseQTensorBaseV2_3,
-    "2.4+ Float8Tensor": te.Float8TensorV2,
-    "2.4+ MXFP8Tensor": te.MXFP8TensorV2,
-    "2.4+ Float8BlockwiseQTensor": te.Float8BlockwiseQTensorV2,
-    "2.8+ NVFP4Tensor": te.NVFP4TensorV2,
-    "main GroupedTensorStorage": lambda w: te.GroupedTensorStorageMain([w, w * 2]),
-    "main HybridQuantizedTensorStorage": lambda w: te.HybridQuantizedTensorStorageMain(
-        te.Float8TensorV2(w), te.MXFP8TensorV2(w)
-    ),
-    "2.3+ DebugQuantizedTensor": lambda w: (lambda q: te.DebugQuantizedTensorMain(q, q))(te.Float8TensorV2(w)),
+    "1.x Float8Tensor": lambda w: te.Float8TensorV1(w),
+    "2.x Float8Tensor": te.Float8TensorV2,
+    "2.3+ Float8BlockwiseQTensor": te.Float8BlockwiseQTensorV2,
 }
 
 
@@ -295,3 +288,87 @@ def test_report_as_dict_round_trips_the_fields() -> None:
     te.attach_legacy(mlp, [weight(8, 8)])
     d = scan(mlp).as_dict()
     assert d["cleared"] is False and d["skipped"][0]["entries"] == 2 and set(d) >= {"entries", "bytes", "modules"}
+
+
+def test_legacy_module_that_cached_nothing_yields_no_record() -> None:
+    """TE < 1.8 sets `fp8_weight_shapes` at construction; until a forward caches, there is nothing
+    left in place, so nothing to report (it used to add a zero-entry "skipped" record per layer)."""
+    cached, empty = torch.nn.Module(), torch.nn.Module()
+    te.attach_legacy(cached, [weight(8, 8)])
+    empty.__dict__["fp8_weight_shapes"] = [torch.Size([8, 8])]
+    report = scan(torch.nn.Sequential(cached, empty))
+    assert [s.where for s in report.skipped] == ["chunk0.0"] and report.skipped[0].entries == 2
+
+
+def test_entry_aliasing_a_ddp_bucket_reports_its_own_bytes_not_the_bucket() -> None:
+    """megatron DDP: parameters are views into one flat bucket. An entry that is a view into that
+    bucket shares its storage with a parameter: nothing is freed, and what is shared is the entry's
+    own bytes, not the whole bucket."""
+    bucket = torch.zeros(1 << 16, dtype=torch.uint8)
+    layer = te.TELinearStandIn(8, 8)
+    layer.weight = torch.nn.Parameter(bucket[:256].view(torch.float32).view(8, 8), requires_grad=False)
+    value = te.Float8TensorV2(torch.randn(8, 8))
+    value._scale_inv = bucket[4096:4100].view(torch.float32)  # 4 bytes of the bucket, not the param's
+    value._data = bucket[256:320]  # 64 bytes right after the parameter
+    te.attach_workspaces(layer, {"weight": value})
+    report = clear_fp8_workspaces(layer)
+    assert report.bytes_shared == 64 + 4 < bucket.numel()
+    assert report.bytes == value._transpose.untyped_storage().nbytes()
+
+
+class _Keeper(logging.Handler):
+    """A buffering handler (MemoryHandler-like): keeps every record it is given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_logged_accounting_failure_keeps_no_popped_value_alive() -> None:
+    """The warning carries repr(exc), not the exception: a handler that buffers records would
+    otherwise hold the traceback, whose frames hold the popped cache values."""
+    import gc
+    import weakref
+
+    from te_offload_shim import _log
+
+    layer = te.TELinearStandIn(16, 16)
+    value = _BrokenValue()
+    alive = weakref.ref(value)
+    te.attach_workspaces(layer, {"weight": value})
+    del value
+    keeper = _Keeper()
+    logger = logging.getLogger("te_offload_shim")
+    logger.addHandler(keeper)
+    logger.setLevel(logging.WARNING)
+    getattr(_log, "_warned", set()).clear()
+    try:
+        report = clear_fp8_workspaces(layer, strict=False)
+    finally:
+        logger.removeHandler(keeper)
+    gc.collect()
+    assert report.entries == 1 and report.errors
+    assert any("unreadable" in r.getMessage() for r in keeper.records)
+    assert all(not isinstance(a, BaseException) for r in keeper.records for a in (r.args or ()))
+    assert alive() is None, "the popped value is still referenced"
+
+
+def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
+    """The surviving transpose / columnwise bytes of FP8 primary weights (counted on TE's real
+    classes in tests/test_te_real.py) are in every report and in `stats()` (as seen at the last call)."""
+    from types import SimpleNamespace
+
+    from te_offload_shim import _offload
+
+    report = scan(te.TELinearStandIn(8, 8))
+    report.primary_weight_bytes, report.primary_weight_params = 4096, 2
+    _offload.reset_stats()
+    try:
+        _offload._record(SimpleNamespace(name="user", path="mod:offload"), report)  # type: ignore[arg-type]
+        assert _offload.stats()["primary_weight_bytes"] == 4096
+    finally:
+        _offload.reset_stats()
+    assert {"primary_weight_params", "primary_weight_bytes", "primary_weight_where"} <= set(report.as_dict())
