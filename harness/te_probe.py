@@ -346,7 +346,7 @@ _COPY_ARGS = ("data_transpose", "columnwise_data", "columnwise_scale_inv", "amax
 def probe_primary_weights(torch: Any) -> dict[str, Any]:
     """FP8 primary weights: a real quantized tensor made a parameter of a TE-like layer (as
     `fp8_model_init` does); what the shim reports of its transpose / columnwise copy."""
-    from te_offload_shim.te_caches import scan
+    from te_offload_shim.te_caches import clear_fp8_workspaces, scan
 
     classes = {name: _find_class(name) for name in VALUE_CLASSES}
     out: dict[str, Any] = {}
@@ -364,13 +364,49 @@ def probe_primary_weights(torch: Any) -> dict[str, Any]:
         layer.weight = param
         report = scan(torch.nn.Sequential(layer))
         copies = [maker.by_name[a] for a in _COPY_ARGS if a in maker.by_name]
-        out[name] = {
+        record = out[name] = {
             "expected": _oracle(torch, copies),
             "reported": report.primary_weight_bytes,
             "params": report.primary_weight_params,
             "where": report.primary_weight_where,
             "entries": report.entries,
         }
+        _no_device_query(param)
+        cleared = clear_fp8_workspaces(torch.nn.Sequential(layer), strict=False)
+        record["clear"] = {
+            "cleared": cleared.primary_weight_cleared,
+            "left": cleared.primary_weight_bytes,
+            "errors": cleared.errors,
+            "copies_kept": [a for a in _COPY_ARGS if a in maker.by_name and _holds(param, maker.by_name[a])],
+            "data_kept": any(_holds(param, maker.by_name[a]) for a in ("data", "rowwise_data") if a in maker.by_name),
+        }
+    return out
+
+
+def _holds(value: Any, tensor: Any) -> bool:
+    return any(v is tensor for v in _fields(value).values())
+
+
+def _no_device_query(value: Any) -> None:
+    """TE's `update_usage` asks the GPU whether non-TN FP8 GEMMs exist (`is_non_tn_fp8_gemm_supported`,
+    a torch.cuda capability query); on CPU the answer is "no" (Hopper's), set where TE reads it."""
+    for klass in type(value).__mro__:
+        module = sys.modules.get(klass.__module__)
+        if module is not None and hasattr(module, "is_non_tn_fp8_gemm_supported"):
+            module.is_non_tn_fp8_gemm_supported = lambda: False  # type: ignore[attr-defined]
+
+
+def rebuild_calls(folder: Path) -> dict[str, int]:
+    """Per module, how many `<weight>.update_usage(columnwise_usage=True)` calls its source makes
+    (the backward rebuilding a dropped FP8 weight transpose)."""
+    import re
+
+    pattern = re.compile(r"\b\w*weight\w*\.update_usage\((?:rowwise_usage=\w+, )?columnwise_usage=True\)")
+    out = {}
+    for name, file in (("Linear", "linear"), ("LayerNormLinear", "layernorm_linear"),
+                       ("LayerNormMLP", "layernorm_mlp"), ("GroupedLinear", "grouped_linear")):  # fmt: skip
+        path = folder / "transformer_engine" / "pytorch" / "module" / f"{file}.py"
+        out[name] = len(pattern.findall(path.read_text())) if path.is_file() else 0
     return out
 
 
@@ -418,6 +454,10 @@ def probe_release(release: str) -> dict[str, Any]:
     result["modules"] = probe_modules(torch)
     result["graph"] = probe_graph_marks(torch, release)
     result["primary_weights"] = probe_primary_weights(torch)
+    from harness import te_releases
+
+    result["te_version"] = getattr(sys.modules.get("transformer_engine"), "__version__", None)
+    result["rebuild_calls"] = rebuild_calls(te_releases.folder(release))
     return result
 
 

@@ -222,7 +222,7 @@ class _Walk:
         te_bytes.inner_tensors(value, self.torch, inner)
         on_device = self.on_device
         for t in inner:
-            if on_device(t):
+            if t is not None and on_device(t):  # inner_tensors leaves Nones for its callers to skip
                 self.found[category].append((node, attribute, key, t))
 
     def run(self, chunks: list[Any], report: ResidueReport, top: int) -> None:

@@ -69,7 +69,7 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
     def size(values: Any) -> int:
         tensors: list[Any] = []
         te_bytes.inner_tensors(list(values), torch, tensors)
-        return sum(te_bytes.storages([t for t in tensors if on_device(t)], torch).values())
+        return sum(te_bytes.storages([t for t in tensors if t is not None and on_device(t)], torch).values())
 
     found: dict[str, int | None] = {}
     g = vars(base) if base is not None else {}

@@ -83,9 +83,10 @@ class CacheReport:
     # FP8 primary weights (`fp8_model_init` / megatron `fp8_param`): TE creates no workspace for
     # them, but the parameter itself carries a transpose / columnwise copy outside the DDP buffer
     # (Float8Tensor `_transpose`; MXFP8, blockwise, NVFP4 `_columnwise_*`), which an offload leaves
-    # on the GPU. Reported, not cleared (see README).
+    # on the GPU. Reported; Float8Tensor transposes are also dropped (primary_weight_copies).
     primary_weight_params: int = 0
-    primary_weight_bytes: int = 0
+    primary_weight_bytes: int = 0  # left in place
+    primary_weight_cleared: int = 0  # Float8Tensor transposes dropped through TE's update_usage (TE 2.4+)
     primary_weight_where: list[str] = field(default_factory=list)
 
     def add(self, other: CacheReport) -> None:
@@ -95,6 +96,7 @@ class CacheReport:
         self.bytes_shared += other.bytes_shared
         self.primary_weight_params += other.primary_weight_params
         self.primary_weight_bytes += other.primary_weight_bytes
+        self.primary_weight_cleared += other.primary_weight_cleared
         self.primary_weight_where.extend(other.primary_weight_where[: _WHERE_MAX - len(self.primary_weight_where)])
         if other.released_bytes is not None:
             self.released_bytes = (self.released_bytes or 0) + other.released_bytes
@@ -113,6 +115,7 @@ class CacheReport:
             "errors": list(self.errors),
             "primary_weight_params": self.primary_weight_params,
             "primary_weight_bytes": self.primary_weight_bytes,
+            "primary_weight_cleared": self.primary_weight_cleared,
             "primary_weight_where": list(self.primary_weight_where),
         }
 
@@ -361,7 +364,10 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
                     sum(sizes.values()),
                 )
             )
-        primary_weight_copies(index, modern, torch, report)
+        try:
+            primary_weight_copies(index, modern, torch, report, clear, chunk, tree.graph_mark)
+        except Exception as exc:  # the caches below are cleared all the same
+            _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
         live = [(m, d[WORKSPACES]) for m, d in modern if _nonempty(d[WORKSPACES])]
         if not live:
             continue
@@ -423,10 +429,38 @@ PRIMARY_WEIGHT_COPIES = ("_transpose", "_columnwise_data", "_columnwise_scale_in
 _WHERE_MAX = 16
 
 
-def primary_weight_copies(index: int, modules: list[tuple[Any, dict]], torch: Any, report: CacheReport) -> None:
-    """Count the transpose / columnwise copies that FP8 primary weights of these TE layers carry."""
+# TE releases whose modules rebuild a dropped Float8Tensor transpose when it is next needed: from
+# 2.4, Linear, LayerNormLinear, LayerNormMLP and GroupedLinear call
+# `weight.update_usage(columnwise_usage=True)` on an FP8 weight in backward, which recreates the
+# transpose (`_create_transpose`) when it is missing (module/*.py; checked per release by
+# tests/test_te_real.py). MXFP8 / blockwise / NVFP4 columnwise data is quantized from the
+# high-precision weight, which a primary weight no longer has: never dropped.
+TRANSPOSE_REBUILT_FROM = (2, 4)
+
+
+def _te_release() -> tuple[int, ...]:
+    te = sys.modules.get("transformer_engine")
+    try:
+        return tuple(int(p) for p in str(getattr(te, "__version__", "0")).split(".")[:2])
+    except ValueError:
+        return (0,)
+
+
+def primary_weight_copies(
+    index: int,
+    modules: list[tuple[Any, dict]],
+    torch: Any,
+    report: CacheReport,
+    clear: bool = False,
+    chunk: Any = None,
+    graph_mark: str | None = None,
+) -> None:
+    """Count the transpose / columnwise copies that FP8 primary weights of these TE layers carry;
+    when clearing, drop Float8Tensor transposes through TE's own `update_usage` where TE rebuilds
+    them (TRANSPOSE_REBUILT_FROM), never under CUDA graphs."""
     plain = (torch.Tensor, torch.nn.Parameter)
     usual = {torch.Tensor, torch.nn.Parameter, type(None)}
+    may_drop: bool | None = None if clear else False
     for module, d in modules:
         params = d.get("_parameters")
         if not params or usual.issuperset(map(type, params.values())):  # the common case, in C
@@ -442,12 +476,31 @@ def primary_weight_copies(index: int, modules: list[tuple[Any, dict]], torch: An
             if not held:
                 continue
             report.primary_weight_params += 1
+            fields = "/".join(f for f, c in zip(PRIMARY_WEIGHT_COPIES, copies, strict=True) if c is not None)
+            if fields == "_transpose" and may_drop is None:
+                may_drop = _te_release() >= TRANSPOSE_REBUILT_FROM and (
+                    _config.force_with_cuda_graphs() or cuda_graph_reason(chunk, graph_mark) is None
+                )
+            if fields == "_transpose" and may_drop and _drop_transpose(param, report):
+                report.primary_weight_cleared += sum(held.values())
+                continue
             report.primary_weight_bytes += sum(held.values())
             if len(report.primary_weight_where) < _WHERE_MAX:
-                fields = "/".join(f for f, c in zip(PRIMARY_WEIGHT_COPIES, copies, strict=True) if c is not None)
                 report.primary_weight_where.append(
                     f"chunk{index}:{type(module).__name__}.{name} ({type(param).__name__}.{fields})"
                 )
+
+
+def _drop_transpose(param: Any, report: CacheReport) -> bool:
+    try:
+        param.update_usage(columnwise_usage=False)  # TE's own API: drops `_transpose`, marks it invalid
+        return getattr(param, "_transpose", None) is None
+    except Exception as exc:
+        text = repr(exc)
+        del exc
+        report.errors.append(f"dropping a Float8Tensor transpose: {text}")
+        warn_once(f"transpose:{text[:40]}", "te_offload_shim: cannot drop an FP8 weight's transpose: %s", text)
+        return False
 
 
 class _Batch:

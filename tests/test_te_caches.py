@@ -8,6 +8,7 @@ are in tests/test_te_real.py.
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from typing import Any
 
@@ -372,3 +373,36 @@ def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
     finally:
         _offload.reset_stats()
     assert {"primary_weight_params", "primary_weight_bytes", "primary_weight_where"} <= set(report.as_dict())
+
+
+class _PrimaryWeight(te.Float8TensorV2):
+    """An FP8 primary weight with TE's `update_usage` contract (tensor/storage/float8_tensor_storage.py):
+    `columnwise_usage=False` drops `_transpose`. TE's real class is exercised in tests/test_te_real.py."""
+
+    def update_usage(self, rowwise_usage: Any = None, columnwise_usage: Any = None) -> None:
+        if columnwise_usage is False:
+            self._transpose = None
+
+
+@pytest.mark.parametrize(
+    ("release", "graphs", "dropped"), [("2.20.2", False, True), ("2.1.0", False, False), ("2.20.2", True, False)]
+)
+def test_fp8_primary_weight_transpose_dropped_only_where_te_rebuilds_it_and_never_under_graphs(
+    release: str, graphs: bool, dropped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    monkeypatch.setitem(sys.modules, "transformer_engine", types.SimpleNamespace(__version__=release))
+    layer = te.TELinearStandIn(8, 8)
+    weight = _PrimaryWeight(torch.randn(8, 8))
+    layer._parameters["weight"] = weight
+    transpose_bytes = weight._transpose.untyped_storage().nbytes()
+    chunk = torch.nn.Sequential(layer)
+    if graphs:
+        chunk[0].cuda_graphs = [object()]
+    report = clear_fp8_workspaces(chunk, strict=True)
+    assert report.primary_weight_params == 1
+    assert (weight._transpose is None) is dropped and weight._data is not None
+    assert (report.primary_weight_cleared, report.primary_weight_bytes) == (
+        (transpose_bytes, 0) if dropped else (0, transpose_bytes)
+    )

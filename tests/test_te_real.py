@@ -140,6 +140,30 @@ def test_fp8_primary_weight_copies_are_reported(release: str, tmp_path_factory: 
     for name, record in built.items():
         assert record["expected"] > 0 and record["reported"] == record["expected"], (name, record)
         assert record["params"] == 1 and record["entries"] == 0 and name in record["where"][0]
+        clear = record["clear"]
+        assert clear["data_kept"] and not clear["errors"], (name, clear)
+        if name == "Float8Tensor":  # its transpose goes, through TE's own update_usage; the data stays
+            assert (clear["cleared"], clear["left"], clear["copies_kept"]) == (record["expected"], 0, []), clear
+        else:  # MXFP8 / blockwise / NVFP4 columnwise data is never dropped
+            assert (clear["cleared"], clear["left"]) == (0, record["expected"]) and clear["copies_kept"], clear
+
+
+@pytest.mark.parametrize("release", te_releases.RELEASES)
+def test_fp8_weight_transpose_is_rebuilt_by_every_module_from_the_release_the_shim_drops_it(
+    release: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The shim drops a Float8Tensor primary weight's transpose only from te_caches.TRANSPOSE_REBUILT_FROM
+    (2.4): from there, each of TE's modules calls `update_usage(columnwise_usage=True)` on its FP8
+    weight in backward, which recreates a missing transpose; before, none does."""
+    from te_offload_shim.te_caches import TRANSPOSE_REBUILT_FROM
+
+    result = _probe(release, tmp_path_factory)
+    calls = result["rebuild_calls"]
+    if te_releases.key(release) >= TRANSPOSE_REBUILT_FROM:
+        assert all(n > 0 for n in calls.values()), calls
+    elif te_releases.key(release) >= (2, 0):
+        assert not any(calls.values()), calls
+    assert result["te_version"].startswith(te_releases.PIP[release])
 
 
 @pytest.mark.parametrize("release", te_releases.RELEASES)
