@@ -109,16 +109,13 @@ def install() -> "bool":
     with _lock:
         if _installed:
             return True
-        from . import _registry
-
         user, problems = parse_user_targets(_config.user_targets())
         _problems[:] = problems
         for problem in problems:
             _warn(f"user-target:{problem}", "te_offload_shim: ignoring %s entry %s", _config.TARGETS, problem)
         _targets = (*BUILTIN, *user)
         _check_switches(_targets)
-        _registry.activate()
-        _installed = True
+        _installed = True  # what _registry.active() reads: patches may land from here on
         _watch.set_error_handler(_on_hook_error)
         for module in dict.fromkeys(t.module for t in _targets):
             _watch.watch(module, _on_import)
@@ -141,9 +138,10 @@ def uninstall() -> "int":
         except Exception as exc:
             _warn("uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", exc)
         registry = sys.modules.get(f"{__name__}._registry")
-        if registry is None:
-            return 0
-        restored, errors = registry.deactivate()
+        deactivate = getattr(registry, "deactivate", None)
+        if deactivate is None:
+            return 0  # no patch was ever made (or the first one is still importing: it will see the flag)
+        restored, errors = deactivate()
         for error in errors:
             _warn(f"uninstall:{error}", "te_offload_shim: uninstall could not restore %s", error)
         return restored

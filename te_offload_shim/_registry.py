@@ -24,7 +24,6 @@ _lock = Lock(reentrant=True)
 lock = _lock  # held across a whole patch: check, record, put in place
 _records: "list[Record]" = []
 _states: "dict[str, str]" = {}
-_active = False
 
 
 class Record:
@@ -104,21 +103,19 @@ def rebind(old: "object", new: "object") -> "int":
     return count
 
 
-def activate() -> "None":
-    global _active
-    with _lock:
-        _active = True
-
-
 def active() -> "bool":
-    return _active
+    """Whether the shim is installed. Read from the package rather than kept here, so that this
+    module is imported with the first patch, not at every interpreter start: `uninstall()` clears
+    the flag first, then takes this lock in `deactivate()`, so a patch either lands before and is
+    undone, or sees the flag and does not land."""
+    return bool(getattr(sys.modules.get("te_offload_shim"), "_installed", False))
 
 
 def add(record: "Record", replacement: "Any", apply: "Callable[[], None]") -> "bool":
     """Record `record`, then run `apply` (which puts `replacement` in place), under the registry
-    lock; False (and nothing done) once `deactivate()` has run, so no patch lands after it."""
+    lock; False (and nothing done) once the shim is uninstalled, so no patch lands after that."""
     with _lock:
-        if not _active:
+        if not active():
             return False
         record.replacement = replacement
         _records.append(record)
@@ -153,9 +150,7 @@ def state(target: "str") -> "str | None":
 def deactivate() -> "tuple[int, list[str]]":
     """Disarm every record, then undo each (newest first). Returns (attributes restored, errors):
     one patch that cannot be undone does not keep the others in place."""
-    global _active
     with _lock:
-        _active = False
         taken = list(_records)
         for record in taken:
             record.armed = False
