@@ -49,7 +49,7 @@ def _warn(key: "str", message: "str", *args: "object") -> "None":
 
 def _on_hook_error(module: "str", exc: "BaseException") -> "None":
     _hook_errors.append(f"{module}: {type(exc).__name__}: {exc}")
-    _warn(f"hook:{module}", "te_offload_shim: patching %s failed (%r); it runs unpatched", module, exc)
+    _warn(f"hook:{module}", "te_offload_shim: patching %s failed (%s); it runs unpatched", module, repr(exc))
 
 
 def _on_import(module: "ModuleType") -> "None":

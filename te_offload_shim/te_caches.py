@@ -403,10 +403,10 @@ def _unreadable(report: CacheReport, where: str, doing: str, exc: Exception) -> 
     report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
     warn_once(
         f"unreadable:{doing}:{type(exc).__name__}",
-        "te_offload_shim: %s at %s raised %r; its caches are left in place, the other layers are still cleared",
+        "te_offload_shim: %s at %s raised %s; its caches are left in place, the other layers are still cleared",
         doing,
         where,
-        exc,
+        repr(exc),  # never the exception: a buffering log handler would keep its frames' tensors alive
     )
 
 
