@@ -13,6 +13,7 @@ Standard library only.
 import sys
 
 from ._locks import Lock
+from ._watch import namespace
 
 TYPE_CHECKING = False
 
@@ -67,22 +68,6 @@ class Record:
         return f"Record({self.kind!r}, {self.name!r}, target={self.target!r}, armed={self.armed})"
 
 
-def module_dict(module: "object") -> "dict[str, Any] | None":
-    """A loaded module's namespace, read without running any of its code.
-
-    A module loaded with `importlib.util.LazyLoader` executes on its first attribute access, and
-    `__dict__` is an attribute: reading it through the module would import something the
-    application never asked for. Such a module has no aliases to rebind yet, so it is skipped."""
-    cls = type(module)
-    if cls.__name__ == "_LazyModule" or not isinstance(module, type(sys)):
-        return None
-    try:
-        d = object.__getattribute__(module, "__dict__")
-    except Exception:
-        return None
-    return d if type(d) is dict else None
-
-
 def rebind(old: "object", new: "object") -> "int":
     """Point every module global that holds `old` at `new`; returns how many.
 
@@ -90,7 +75,7 @@ def rebind(old: "object", new: "object") -> "int":
     after it holds the wrapper, whether or not we ever saw that module."""
     count = 0
     for module in list(sys.modules.values()):
-        d = module_dict(module)
+        d = namespace(module)  # lazy modules are skipped: they hold no aliases yet
         if d is None:
             continue
         try:
@@ -126,15 +111,6 @@ def add(record: "Record", replacement: "Any", apply: "Callable[[], None]") -> "b
 def records(kind: "str | None" = None) -> "list[Record]":
     with _lock:
         return [r for r in _records if kind is None or r.kind == kind]
-
-
-def find(kind: "str", owner: "object", name: "str") -> "Record | None":
-    """Our live record of `owner.name`, if that attribute holds one of our replacements."""
-    with _lock:
-        for record in reversed(_records):
-            if record.kind == kind and record.owner is owner and record.name == name and record.in_place():
-                return record
-    return None
 
 
 def set_state(target: "str", state: "str") -> "None":

@@ -59,17 +59,31 @@ def _report(name: "str", exc: "BaseException") -> "None":
             pass
 
 
-def _module_state(module: "object") -> "tuple[dict | None, bool]":
-    """(namespace, still executing) of a module in sys.modules, read without running its code:
-    a lazily loaded module executes on any attribute access, `__spec__` included."""
+def namespace(module: "object") -> "dict[str, Any] | None":
+    """A loaded module's namespace, read without running any of its code.
+
+    A module loaded with `importlib.util.LazyLoader` executes on its first attribute access, and
+    `__dict__` is an attribute: reading it through the module would import something the
+    application never asked for. Such a module (and anything in sys.modules that is not a module)
+    gives None."""
     if type(module).__name__ == "_LazyModule" or not isinstance(module, type(sys)):
-        return None, False
+        return None
     try:
         d = object.__getattribute__(module, "__dict__")
-        initializing = bool(getattr(d.get("__spec__"), "_initializing", False))
+    except Exception:
+        return None
+    return d if type(d) is dict else None
+
+
+def _module_state(module: "object") -> "tuple[dict | None, bool]":
+    """(namespace, still executing) of a module in sys.modules, read without running its code."""
+    d = namespace(module)
+    if d is None:
+        return None, False
+    try:
+        return d, bool(getattr(d.get("__spec__"), "_initializing", False))
     except Exception:
         return None, False
-    return d, initializing
 
 
 def _fire(name: "str", module: "ModuleType") -> "None":

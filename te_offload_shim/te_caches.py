@@ -574,16 +574,7 @@ def _clear_module(
         values = list(workspaces.values())
         entries = len(values)
     except Exception as exc:
-        where = names(module)
-        report.skipped.append(Skipped(where, f"reading {WORKSPACES} raised {type(exc).__name__}: {exc}"))
-        report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
-        warn_once(
-            f"read:{type(workspaces).__name__}",
-            "te_offload_shim: cannot read %s at %s: %s",
-            WORKSPACES,
-            where,
-            repr(exc),
-        )
+        _unreadable(report, names(module), f"reading {WORKSPACES}", exc)
         return
     counted.add(module, values, torch, report)
     del values
