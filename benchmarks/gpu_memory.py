@@ -84,7 +84,7 @@ def _cache_state(model: Any) -> dict[str, int]:
         return w.cache_state([model])
     # Real TE values: the shim's read-only scan counts them (TE_OFFLOAD_SHIM=0 keeps it uninstalled
     # in the "without" case; scan changes nothing).
-    from te_offload_shim.te_caches import scan
+    from te_offload_shim.te.caches import scan
 
     report = scan([model])
     return {"entries": report.entries, "bytes": report.bytes + report.bytes_shared}
@@ -120,7 +120,7 @@ def case(name: str, layers: int, hidden: int, dry_run: bool) -> dict[str, Any]:
         caches_note = (caches_note or "") + note
     from verl.utils import megatron_utils as mu
 
-    from te_offload_shim._patch import shim_layers
+    from te_offload_shim.engine.patch import shim_layers
 
     wrapped = shim_layers(mu.offload_megatron_model_to_cpu)
     caches_before = _cache_state(model)

@@ -32,7 +32,7 @@ CONFIGS = {"full": {"layers": 8, "hidden": 512, "repeats": 21}, "quick": {"layer
 
 def measure(layers: int, hidden: int, repeats: int) -> dict[str, Any]:
     from harness import megatron_world as w
-    from te_offload_shim._patch import shim_layers
+    from te_offload_shim.engine.patch import shim_layers
 
     model = w.wrap_ddp(w.build_gpt(layers=layers, hidden=hidden, vocab=1024))
     entries = w.attach_fp8_caches(model)
@@ -88,9 +88,9 @@ def _shim_alone(models: list[Any], original: Any, refills: list[tuple[dict, dict
 
     from _common import timed
 
-    from te_offload_shim._offload import make_handler
-    from te_offload_shim._registry import Record
-    from te_offload_shim.targets import BUILTIN
+    from te_offload_shim.engine.handler import make_handler
+    from te_offload_shim.engine.registry import Record
+    from te_offload_shim.integrations.targets import BUILTIN
 
     target = next(t for t in BUILTIN if t.name == "verl")
     record = Record("target", None, target.attribute, original, target=target.name)

@@ -41,10 +41,10 @@ def _alternate(ours: Any, reference: Any, repeats: int, prepare: dict[str, Any])
 
 def measure(modules: int, repeats: int) -> dict[str, Any]:
     os.environ["TE_OFFLOAD_SHIM_AUDIT"] = "1"
-    from te_offload_shim import audit
-    from te_offload_shim.device_residue import residue
-    from te_offload_shim.targets import Target
-    from te_offload_shim.te_caches import clear_fp8_workspaces
+    from te_offload_shim.integrations.targets import Target
+    from te_offload_shim.reports import audit as audit
+    from te_offload_shim.reports.residue import residue
+    from te_offload_shim.te.caches import clear_fp8_workspaces
 
     root, refills = build_tree(modules)
     target = Target("benchmark", "benchmarks.residue", "offload")

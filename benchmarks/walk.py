@@ -105,7 +105,7 @@ def build_tree(modules: int, experts: int = 8, value_class: Any = None) -> tuple
 def measure(modules: int, repeats: int, experts: int = 8) -> dict[str, Any]:
     from verl.utils.megatron_utils import _clear_te_fp8_weight_workspaces as reference
 
-    from te_offload_shim.te_caches import _walk, clear_fp8_workspaces
+    from te_offload_shim.te.caches import _walk, clear_fp8_workspaces
 
     root, refills = build_tree(modules, experts)
     n_modules = sum(1 for _ in root.modules())

@@ -221,7 +221,7 @@ def _holder(torch: Any, value: Any) -> Any:
 
 
 def probe_values(torch: Any) -> dict[str, Any]:
-    from te_offload_shim.te_caches import clear_fp8_workspaces, scan
+    from te_offload_shim.te.caches import clear_fp8_workspaces, scan
 
     classes = {name: _find_class(name) for name in VALUE_CLASSES}
     out: dict[str, Any] = {}
@@ -299,7 +299,7 @@ def _is_workspaces(node: ast.AST) -> bool:
 
 
 def probe_modules(torch: Any) -> dict[str, Any]:
-    from te_offload_shim.te_caches import clear_fp8_workspaces
+    from te_offload_shim.te.caches import clear_fp8_workspaces
 
     package = _module("pytorch.module")
     out: dict[str, Any] = {}
@@ -346,7 +346,7 @@ _COPY_ARGS = ("data_transpose", "columnwise_data", "columnwise_scale_inv", "amax
 def probe_primary_weights(torch: Any) -> dict[str, Any]:
     """FP8 primary weights: a real quantized tensor made a parameter of a TE-like layer (as
     `fp8_model_init` does); what the shim reports of its transpose / columnwise copy."""
-    from te_offload_shim.te_caches import clear_fp8_workspaces, scan
+    from te_offload_shim.te.caches import clear_fp8_workspaces, scan
 
     classes = {name: _find_class(name) for name in VALUE_CLASSES}
     out: dict[str, Any] = {}
@@ -414,7 +414,7 @@ def probe_graph_marks(torch: Any, release: str) -> dict[str, Any]:
     """TE's real graph module (imported) marks a chunk the way make_graphed_callables does; does the
     shim leave that chunk's caches alone?"""
     from harness import te_graph, te_releases
-    from te_offload_shim.te_caches import clear_fp8_workspaces
+    from te_offload_shim.te.caches import clear_fp8_workspaces
 
     graph = _module("pytorch.graph")
     if graph is None or not hasattr(graph, "make_graphed_callables"):

@@ -8,9 +8,9 @@ imported. `TE_OFFLOAD_SHIM=0` turns the package into a no-op.
 
 import sys
 
-from . import _config, _watch
-from ._locks import Lock
-from .targets import BUILTIN, Target, parse_user_targets
+from te_offload_shim import _switches, _watch
+from te_offload_shim._locks import Lock
+from te_offload_shim.integrations.targets import BUILTIN, Target, parse_user_targets
 
 TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start
 
@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from .device_residue import ResidueReport
-    from .te_caches import CacheReport
+    from te_offload_shim.reports.residue import ResidueReport
+    from te_offload_shim.te.caches import CacheReport
 
 __version__ = "0.2.0"
 __all__ = [
@@ -42,7 +42,7 @@ _hook_errors: "list[str]" = []
 
 
 def _warn(key: "str", message: "str", *args: "object") -> "None":
-    from ._log import warn_once
+    from te_offload_shim._log import warn_once
 
     warn_once(key, message, *args)
 
@@ -53,14 +53,14 @@ def _on_hook_error(module: "str", exc: "BaseException") -> "None":
 
 
 def _on_import(module: "ModuleType") -> "None":
-    from . import _patch
+    from te_offload_shim.engine import patch
 
     spec = getattr(module, "__spec__", None)
     name = spec.name if spec is not None else module.__name__
     for target in _targets:
         if target.module != name:
             continue
-        state = _patch.apply(target, module)
+        state = patch.apply(target, module)
         if state.startswith("error") or (state == "absent" and target.user):
             # A target that cannot be patched says so where the operator looks: the log, and status.
             _warn(
@@ -73,28 +73,28 @@ def _on_import(module: "ModuleType") -> "None":
 
 def _on_ray_import(module: "ModuleType") -> "None":
     # ray.init gains our worker_process_setup_hook, so the job's workers on every node are covered.
-    from . import _activation
+    from te_offload_shim.integrations import ray
 
-    _activation.on_ray_import(module)
+    ray.on_ray_import(module)
 
 
 def _on_ray_function_manager(module: "ModuleType") -> "None":
     # A Ray actor runs by-value copies of its methods: patch them as each actor class is loaded.
-    from . import ray_actors
+    from te_offload_shim.integrations import ray
 
-    ray_actors.on_import(module)
+    ray.on_function_manager_import(module)
 
 
 def all_targets() -> "tuple[Target, ...]":
     """The built-in table plus `TE_OFFLOAD_SHIM_TARGETS`, as installed (or as they would be)."""
     if _installed:
         return _targets
-    user, _ = parse_user_targets(_config.user_targets())
+    user, _ = parse_user_targets(_switches.user_targets())
     return (*BUILTIN, *user)
 
 
 def _check_switches(targets: "tuple[Target, ...]") -> "None":
-    for problem in _config.switch_problems(tuple(t.name for t in targets)):
+    for problem in _switches.switch_problems(tuple(t.name for t in targets)):
         _warn(f"switch:{problem}", "te_offload_shim: %s", problem)
 
 
@@ -104,15 +104,15 @@ def install() -> "bool":
     Idempotent and thread-safe; never waits for another thread's import. Returns False when
     `TE_OFFLOAD_SHIM=0`."""
     global _installed, _targets
-    if not _config.enabled():
+    if not _switches.enabled():
         return False
     with _lock:
         if _installed:
             return True
-        user, problems = parse_user_targets(_config.user_targets())
+        user, problems = parse_user_targets(_switches.user_targets())
         _problems[:] = problems
         for problem in problems:
-            _warn(f"user-target:{problem}", "te_offload_shim: ignoring %s entry %s", _config.TARGETS, problem)
+            _warn(f"user-target:{problem}", "te_offload_shim: ignoring %s entry %s", _switches.TARGETS, problem)
         _targets = (*BUILTIN, *user)
         _check_switches(_targets)
         _installed = True  # what _registry.active() reads: patches may land from here on
@@ -137,7 +137,7 @@ def uninstall() -> "int":
             _watch.unwatch_all()
         except Exception as exc:
             _warn("uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", exc)
-        registry = sys.modules.get(f"{__name__}._registry")
+        registry = sys.modules.get("te_offload_shim.engine.registry")
         deactivate = getattr(registry, "deactivate", None)
         if deactivate is None:
             return 0  # no patch was ever made (or the first one is still importing: it will see the flag)
@@ -155,13 +155,13 @@ def status() -> "dict[str, Any]":
     """What this process has: switches, and for each target whether it is imported and patched."""
     if _installed:
         _watch.catch_up()
-    registry = sys.modules.get(f"{__name__}._registry")
+    registry = sys.modules.get("te_offload_shim.engine.registry")
     rows = []
     for target in all_targets():
         imported = target.module in sys.modules
         state = registry.state(target.name) if registry is not None else None
         if state is None:
-            if _config.is_disabled(target.name):
+            if _switches.is_disabled(target.name):
                 state = "disabled"
             else:
                 state = "pending" if _installed else "not installed"
@@ -176,9 +176,9 @@ def status() -> "dict[str, Any]":
         )
     return {
         "version": __version__,
-        "enabled": _config.enabled(),
+        "enabled": _switches.enabled(),
         "installed": _installed,
-        "strict": _config.strict(),
+        "strict": _switches.strict(),
         "targets": rows,
         "user_target_problems": list(_problems),
         "hook_errors": list(_hook_errors),
@@ -186,7 +186,7 @@ def status() -> "dict[str, Any]":
 
 
 def _layers(target: "Target") -> "int":
-    patch = sys.modules.get(f"{__name__}._patch")  # loaded with the first patch; wrapt with it
+    patch = sys.modules.get("te_offload_shim.engine.patch")  # loaded with the first patch; wrapt with it
     module = sys.modules.get(target.module)
     if patch is None or module is None:
         return 0
@@ -200,24 +200,24 @@ def _layers(target: "Target") -> "int":
 def stats() -> "dict[str, Any]":
     """Totals so far in this process: calls, entries, bytes (and per target); `audit`: the latest
     residue report of `TE_OFFLOAD_SHIM_AUDIT` (None until one ran)."""
-    from . import _offload
+    from te_offload_shim.engine import handler
 
-    result = _offload.stats()
-    audit = sys.modules.get(f"{__name__}.audit")
+    result = handler.stats()
+    audit = sys.modules.get("te_offload_shim.reports.audit")
     result["audit"] = audit.latest() if audit is not None else None
     return result
 
 
 def clear_fp8_workspaces(models: "object", *, strict: "bool | None" = None) -> "CacheReport":
     """Drop TE's cached FP8 weight copies in `models` now; returns what was cleared and skipped."""
-    from .te_caches import clear_fp8_workspaces as clear
+    from te_offload_shim.te.caches import clear_fp8_workspaces as clear
 
     return clear(models, strict=strict)
 
 
 def scan(models: "object") -> "CacheReport":
     """What `clear_fp8_workspaces(models)` would clear, changing nothing."""
-    from .te_caches import scan as scan_
+    from te_offload_shim.te.caches import scan as scan_
 
     return scan_(models)
 
@@ -225,7 +225,7 @@ def scan(models: "object") -> "CacheReport":
 def residue(models: "object", *, device_type: "str | None" = None) -> "ResidueReport":
     """What `models` still hold on a device (any but the CPU, or exactly `device_type`), by
     category, each storage once; with the process's allocator and driver numbers. Changes nothing."""
-    from .device_residue import residue as residue_
+    from te_offload_shim.reports.residue import residue as residue_
 
     return residue_(models, device_type=device_type)
 
@@ -242,5 +242,5 @@ def ray_setup() -> "None":
             pass
 
 
-if _config.enabled():
+if _switches.enabled():
     install()

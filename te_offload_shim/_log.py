@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from ._locks import Lock
+from te_offload_shim._locks import Lock
 
 logger = logging.getLogger("te_offload_shim")
 

@@ -25,7 +25,7 @@ import _thread
 import _weakref
 import sys
 
-from ._locks import Lock
+from te_offload_shim._locks import Lock
 
 TYPE_CHECKING = False
 

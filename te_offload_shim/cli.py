@@ -12,13 +12,14 @@ import os
 import sys
 from typing import Any
 
-from . import _activation, _config
+from te_offload_shim import _switches
+from te_offload_shim.activation import pth
 
 
 def _enable(args: argparse.Namespace) -> int:
     try:
-        what, path = _activation.enable(args.site)
-    except _activation.SiteError as exc:
+        what, path = pth.enable(args.site)
+    except pth.SiteError as exc:
         print(f"te-offload-shim enable: {exc}", file=sys.stderr)
         return 1
     print(f"te-offload-shim: {what}: {path}")
@@ -28,9 +29,9 @@ def _enable(args: argparse.Namespace) -> int:
 
 
 def _disable(args: argparse.Namespace) -> int:
-    what, path = _activation.disable(args.site)
+    what, path = pth.disable(args.site)
     print(f"te-offload-shim: {what}: {path}")
-    for other in _activation.pth_files():
+    for other in pth.pth_files():
         if other["path"] != path:
             print(f"te-offload-shim: still enabled by {other['path']}")
     return 0
@@ -45,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     env = dict(os.environ)
     previous = env.get("PYTHONPATH", "")
-    bootstrap = _activation.BOOTSTRAP_DIR
+    bootstrap = pth.BOOTSTRAP_DIR
     if bootstrap not in previous.split(os.pathsep):
         # Prepended, the user's entries kept as they were (an empty PYTHONPATH stays without a
         # trailing separator: an empty entry would put the current directory on sys.path).
@@ -79,12 +80,11 @@ def _import_targets(rows: list[dict[str, Any]]) -> dict[str, str]:
 def collect(do_import: bool = False) -> dict[str, Any]:
     """Everything `status` reports, and whether it is healthy (with the reasons when not)."""
     import te_offload_shim
+    from te_offload_shim.integrations import versions
 
-    from . import _versions
-
-    enabled = _config.enabled()
+    enabled = _switches.enabled()
     targets = te_offload_shim.all_targets()
-    rows = [_versions.target_row(t, enabled) for t in targets]
+    rows = [versions.target_row(t, enabled) for t in targets]
     import_errors = _import_targets(rows) if do_import else {}
     if do_import:
         live = {r["name"]: r for r in te_offload_shim.status()["targets"]}
@@ -95,25 +95,25 @@ def collect(do_import: bool = False) -> dict[str, Any]:
             row["layers"] = live[row["name"]]["layers"]
             row["import_error"] = import_errors.get(module)
     shim = te_offload_shim.status()
-    found = _versions.versions()
+    found = versions.versions()
     report: dict[str, Any] = {
         "shim": {
             "version": te_offload_shim.__version__,
             "path": os.path.dirname(os.path.abspath(te_offload_shim.__file__)),
             "enabled": enabled,
             "installed_here": shim["installed"],
-            "strict": _config.strict(),
+            "strict": _switches.strict(),
         },
         "python": {"version": found["python"], "executable": sys.executable},
         "versions": found,
         "targets": rows,
-        "routes": _activation.routes(),
-        "switches": {name: os.environ[name] for name in _config.ALL_SWITCHES if name in os.environ},
+        "routes": pth.routes(),
+        "switches": {name: os.environ[name] for name in _switches.ALL_SWITCHES if name in os.environ},
         "user_target_problems": shim["user_target_problems"],
         "hook_errors": shim["hook_errors"],
         "imported": do_import,
         # TE_OFFLOAD_SHIM_AUDIT: the latest residue report of this process (None until an offload ran here)
-        "audit": {"enabled": _config.audit(), "latest": te_offload_shim.stats()["audit"]},
+        "audit": {"enabled": _switches.audit(), "latest": te_offload_shim.stats()["audit"]},
     }
     report["routes"]["in_force"] = _route_in_force(report["routes"], shim["installed"])
     problems, warnings = _assess(report)
@@ -124,19 +124,19 @@ def collect(do_import: bool = False) -> dict[str, Any]:
 
 
 def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
-    from . import _versions
+    from te_offload_shim.integrations import versions
 
     problems: list[str] = []
     warnings: list[str] = []
     if not report["shim"]["enabled"]:
         # An operator's choice, not a fault: `status` exits 0 so the same image check passes.
-        warnings.append(f"switched off by {_config.ENABLE}={os.environ.get(_config.ENABLE)}: nothing is patched")
-    if "*" in _config.disabled_targets():
-        warnings.append(f"every target is switched off by {_config.DISABLE}=*: nothing is patched")
-    if not _versions.wrapt_ok(report["versions"]["wrapt"]):
-        wanted = ".".join(map(str, _versions.WRAPT_MIN))
+        warnings.append(f"switched off by {_switches.ENABLE}={os.environ.get(_switches.ENABLE)}: nothing is patched")
+    if "*" in _switches.disabled_targets():
+        warnings.append(f"every target is switched off by {_switches.DISABLE}=*: nothing is patched")
+    if not versions.wrapt_ok(report["versions"]["wrapt"]):
+        wanted = ".".join(map(str, versions.WRAPT_MIN))
         problems.append(f"wrapt >= {wanted} is needed to patch, found {report['versions']['wrapt']}")
-    problems.extend(f"{_config.TARGETS}: {p}" for p in report["user_target_problems"])
+    problems.extend(f"{_switches.TARGETS}: {p}" for p in report["user_target_problems"])
     problems.extend(f"patching failed: {e}" for e in report["hook_errors"])
     for row in report["targets"]:
         state = row.get("state") or ""
@@ -144,7 +144,7 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
             problems.append(f"{row['name']}: {state}")
         elif state == "absent" and row.get("user") and row.get("imported"):
             module, _, attribute = row["target"].partition(":")
-            problems.append(f"{row['name']}: {module} has no attribute {attribute} (misspelt in {_config.TARGETS}?)")
+            problems.append(f"{row['name']}: {module} has no attribute {attribute} (misspelt in {_switches.TARGETS}?)")
         if row.get("layers", 0) > 1:
             problems.append(f"{row['name']}: {row['layers']} shim wrappers stacked on {row['target']}")
         if row.get("import_error"):
@@ -187,8 +187,8 @@ def _print_report(report: dict[str, Any]) -> None:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
     routes = report["routes"]
     print("activation routes:")
-    pth = ", ".join(p["path"] + ("" if p["current"] else " (outdated)") for p in routes["pth"])
-    print(f"  .pth:                      {pth or 'no'}")
+    files = ", ".join(p["path"] + ("" if p["current"] else " (outdated)") for p in routes["pth"])
+    print(f"  .pth:                      {files or 'no'}")
     print(f"  sitecustomize bootstrap:   {_yes(routes['sitecustomize_bootstrap'])}")
     print(f"  VERL_USE_EXTERNAL_MODULES: {_yes(routes['verl_external_modules'])}")
     print(f"  PYTHONSTARTUP:             {_yes(routes['pythonstartup'])}")
@@ -233,12 +233,12 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _startup_file(args: argparse.Namespace) -> int:
-    print(_activation.STARTUP_FILE)
+    print(pth.STARTUP_FILE)
     return 0
 
 
 def _discover(args: argparse.Namespace) -> int:
-    from . import discover
+    from te_offload_shim.integrations import discover
 
     candidates = discover.discover(args.paths)
     if args.json:
@@ -259,7 +259,7 @@ _COMMANDS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from te_offload_shim import __version__
 
     parser = argparse.ArgumentParser(
         prog="te-offload-shim", description="Activate te_offload_shim in every Python process, and check it."

@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DEPS = REPO / ".deps"
-BOOTSTRAP = REPO / "te_offload_shim" / "_bootstrap"
+BOOTSTRAP = REPO / "te_offload_shim" / "activation" / "bootstrap"
 UNFIXED_VERL = ("0.7.1", "0.8.0")
 FIXED_VERL = ("0.9.1",)
 

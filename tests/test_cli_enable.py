@@ -26,7 +26,7 @@ if os.environ.get("TE_OFFLOAD_SHIM_TARGETS"):
     import faketarget
     out["wrapt_after_target"] = "wrapt" in sys.modules
     if shim is not None:
-        from te_offload_shim._patch import shim_layers
+        from te_offload_shim.engine.patch import shim_layers
         out["layers"] = shim_layers(faketarget.offload)
         out["state"] = {r["name"]: r["state"] for r in shim.status()["targets"]}["faketarget:offload"]
 print(json.dumps(out))

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 
 CLI = Path(sys.executable).with_name("te-offload-shim")
-BOOTSTRAP = str(REPO / "te_offload_shim" / "_bootstrap")
+BOOTSTRAP = str(REPO / "te_offload_shim" / "activation" / "bootstrap")
 
 # A child that reports, then starts a multiprocessing "spawn" grandchild that reports too.
 CHILD = """

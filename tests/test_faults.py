@@ -43,7 +43,7 @@ HOOKS = """
 import importlib, logging
 import te_offload_shim
 import faulty
-from te_offload_shim._patch import shim_layers
+from te_offload_shim.engine.patch import shim_layers
 st = te_offload_shim.status()
 rows = {r["name"]: r for r in st["targets"]}
 emit(imported=True, states={k: rows[k]["state"] for k in rows if k.startswith("faulty")},
@@ -171,7 +171,7 @@ def test_bad_input_behaves_exactly_as_the_original() -> None:
 CONCURRENT = """
 import importlib, sys, threading, time
 import te_offload_shim
-from te_offload_shim._patch import shim_layers
+from te_offload_shim.engine.patch import shim_layers
 te_offload_shim.uninstall()
 
 # 8 threads call install() at once
@@ -226,7 +226,7 @@ def test_concurrent_install_and_import_leave_exactly_one_wrapper(tmp_path: Path)
 
 def test_a_buffer_no_ddp_holds_is_searched_for_once(monkeypatch) -> None:
     """Megatron-FSDP or a user's own buffer: one gc scan, not one per offload."""
-    from te_offload_shim import megatron_buffers
+    from te_offload_shim.integrations import megatron as megatron_buffers
 
     scans = []
     monkeypatch.setattr(megatron_buffers, "_scan", lambda: scans.append(1))
@@ -242,7 +242,7 @@ def test_a_buffer_no_ddp_holds_is_searched_for_once(monkeypatch) -> None:
 
 
 def test_disabling_a_framework_covers_its_variants(monkeypatch) -> None:
-    from te_offload_shim import _config
+    from te_offload_shim import _switches as _config
 
     monkeypatch.setenv("TE_OFFLOAD_SHIM_DISABLE", "nemo-rl, areal")
     off = [
@@ -261,9 +261,9 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
     import torch
 
     from harness import te_standins as te
-    from te_offload_shim._offload import make_handler
-    from te_offload_shim._registry import Record
-    from te_offload_shim.targets import Target
+    from te_offload_shim.engine.handler import make_handler
+    from te_offload_shim.engine.registry import Record
+    from te_offload_shim.integrations.targets import Target
 
     class Actor:
         def __init__(self) -> None:

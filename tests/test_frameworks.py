@@ -249,7 +249,7 @@ emit(result=result, slime=ray.get(slime.__ray_call__.remote(probe_slime)), drive
 def test_ray_actor_runs_the_patched_method() -> None:
     """Ray pickles a `@ray.remote` class by value, with a copy of each method taken when the decorator
     ran (ray.util.tracing.tracing_helper._inject_tracing_into_class, ray 2.60), and a wrapt wrapper
-    pickles as the function it wraps: without te_offload_shim.ray_actors the actor would call the
+    pickles as the function it wraps: without te_offload_shim.integrations.ray the actor would call the
     original. In the actor process the loaded class's copies are wrapped too, so the cache is cleared."""
     r = run_py(RAY_ACTOR, env=mirror_env(), timeout=120)
     calls, left, impl_state, actor_state = r["result"]

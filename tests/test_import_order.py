@@ -44,7 +44,7 @@ from harness.megatron_world import apply_cpu_quirks
 apply_cpu_quirks()
 DRIVER
 import te_offload_shim
-from te_offload_shim._patch import shim_layers
+from te_offload_shim.engine.patch import shim_layers
 mu = sys.modules["verl.utils.megatron_utils"]
 caller = sys.modules["verl.workers.engine.megatron.transformer_impl"]
 layer = te.TELinearStandIn(16, 16)
@@ -99,7 +99,7 @@ from harness import te_standins as te
 from harness.megatron_world import apply_cpu_quirks
 apply_cpu_quirks()
 import te_offload_shim
-from te_offload_shim._patch import shim_layers
+from te_offload_shim.engine.patch import shim_layers
 import verl.utils.megatron_utils as mu
 before = mu.offload_megatron_model_to_cpu
 mu = importlib.reload(mu)
@@ -126,7 +126,7 @@ PICKLING = """
 import inspect, pickle, sys
 import cloudpickle
 import te_offload_shim
-from te_offload_shim._patch import ShimWrapper
+from te_offload_shim.engine.patch import ShimWrapper
 import verl.utils.megatron_utils as mu
 fn = mu.offload_megatron_model_to_cpu
 orig = fn.__wrapped__
@@ -169,7 +169,7 @@ METHOD_CASE = """
 from harness import megatron_world as w
 DRIVER
 import te_offload_shim
-from te_offload_shim._patch import shim_layers
+from te_offload_shim.engine.patch import shim_layers
 from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
 model = w.wrap_ddp(w.build_gpt(layers=1, hidden=32, vocab=64))
 w.attach_fp8_caches(model)

@@ -66,7 +66,9 @@ def reload(ddp):
 # Chunks a (MoE: dense + expert buffer) and b (dense) exist when this runs; c is built after it.
 SCENARIO = """
 import te_offload_shim as shim
-from te_offload_shim import megatron_buffers, _patch, _registry
+from te_offload_shim.integrations import megatron as megatron_buffers
+from te_offload_shim.engine import patch as _patch
+from te_offload_shim.engine import registry as _registry
 from megatron.core.distributed import DistributedDataParallel as DDP
 scans = []
 real_scan = megatron_buffers._scan

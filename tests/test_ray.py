@@ -119,7 +119,7 @@ class Probe:
         if out["loaded"]:
             import te_offload_shim
             from te_offload_shim import cli
-            from te_offload_shim._patch import shim_layers
+            from te_offload_shim.engine.patch import shim_layers
             out["layers"] = shim_layers(caller.offload_megatron_model_to_cpu)
             out["state"] = {{r["name"]: r["state"] for r in te_offload_shim.status()["targets"]}}["verl"]
             out["status"] = cli.collect()
@@ -193,7 +193,7 @@ def test_setup_hook_rules_without_a_cluster() -> None:
     r = run_py(
         """
         import os
-        from te_offload_shim import _activation as a
+        from te_offload_shim.activation import pth as a
         H = "te_offload_shim.ray_setup"
         class JobConfig:
             runtime_env = {"env_vars": {"A": "1"}}
@@ -212,7 +212,7 @@ def test_setup_hook_rules_without_a_cluster() -> None:
         os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"] = '{"runtime_env": {"env_vars": {"C": "3"}}}'
         out["submitted"] = a.with_setup_hook({"job_config": JobConfig()})["runtime_env"]
         import ray, te_offload_shim
-        from te_offload_shim._wrapper import is_ours
+        from te_offload_shim.engine.wrapper import is_ours
         wrapped = is_ours(vars(ray)["init"])
         te_offload_shim.uninstall()
         emit(out=out, wrapped=wrapped, restored=not is_ours(vars(ray)["init"]))

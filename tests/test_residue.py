@@ -161,10 +161,10 @@ def test_te_process_global_memory_is_its_own_line(monkeypatch: pytest.MonkeyPatc
 def test_audit_fails_open_even_in_strict_mode(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from te_offload_shim import audit
-    from te_offload_shim._offload import make_handler
-    from te_offload_shim._registry import Record
-    from te_offload_shim.targets import Target
+    from te_offload_shim.engine.handler import make_handler
+    from te_offload_shim.engine.registry import Record
+    from te_offload_shim.integrations.targets import Target
+    from te_offload_shim.reports import audit as audit
 
     class Exploding:
         def __iter__(self) -> object:
@@ -205,11 +205,11 @@ def test_import_loads_neither_the_report_nor_torch() -> None:
 
     import te_offload_shim
 
-    lazy = {"te_offload_shim.device_residue", "te_offload_shim.audit", "te_offload_shim.process_memory"}
+    lazy = {f"te_offload_shim.reports.{m}" for m in ("residue", "audit", "process_memory")}
     assert not {"torch", *lazy} & set(sys.modules)
     assert te_offload_shim.stats()["audit"] is None
-    import te_offload_shim.audit
-    import te_offload_shim.device_residue
+    import te_offload_shim.reports.audit
+    import te_offload_shim.reports.residue
 
     assert "torch" not in sys.modules, "the report takes torch from sys.modules, never imports it"
     assert callable(te_offload_shim.residue), "the public function, not shadowed by a submodule"

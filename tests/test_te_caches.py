@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from harness import te_standins as te
-from te_offload_shim import te_bytes
-from te_offload_shim.te_caches import ShimError, clear_fp8_workspaces, scan
+from te_offload_shim.te import sizes as te_bytes
+from te_offload_shim.te.caches import ShimError, clear_fp8_workspaces, scan
 
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
 
@@ -362,7 +362,7 @@ def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
     classes in tests/test_te_real.py) are in every report and in `stats()` (as seen at the last call)."""
     from types import SimpleNamespace
 
-    from te_offload_shim import _offload
+    from te_offload_shim.engine import handler as _offload
 
     report = scan(te.TELinearStandIn(8, 8))
     report.primary_weight_bytes, report.primary_weight_params = 4096, 2

@@ -23,7 +23,7 @@ from megatron.core.distributed import param_and_grad_buffer as pgb
 import torch
 import te_offload_shim
 from te_offload_shim import cli
-from te_offload_shim._patch import shim_layers
+from te_offload_shim.engine.patch import shim_layers
 layers = shim_layers(vars(pgb._ParamAndGradBuffer)["offload_to_cpu"])
 total = torch.tensor([layers])
 dist.all_reduce(total)  # the ranks agree over gloo

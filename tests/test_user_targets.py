@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_py
 
-from te_offload_shim.targets import BUILTIN, parse_user_targets, parse_where
+from te_offload_shim.integrations.targets import BUILTIN, parse_user_targets, parse_where
 
 USER_MODULE = '''
 """Offload functions of a user's own trainer: each records what is cached at its own flush."""
@@ -188,7 +188,7 @@ def test_disable_verl_by_name_leaves_other_targets_on(user_path: dict[str, str])
     code = """
 import te_offload_shim as shim
 import verl.utils.megatron_utils as mu
-from te_offload_shim._patch import shim_layers
+from te_offload_shim.engine.patch import shim_layers
 from harness import te_standins
 import usermod.offload as u
 m = te_standins.TELinearStandIn(8, 8)

@@ -34,7 +34,7 @@ offloaded = all(b.param_data.untyped_storage().size() == 0 for b in model.buffer
 from verl.utils import megatron_utils as mu
 mu.load_megatron_model_to_gpu([model])
 import te_offload_shim as shim
-from te_offload_shim._patch import shim_layers
+from te_offload_shim.engine.patch import shim_layers
 emit(initial=initial, after=after, flushes=offload_flushes, offloaded=offloaded,
      same=w.same_weights(before, w.weights(model)), stats=shim.stats(),
      caller_layers=shim_layers(caller.offload_megatron_model_to_cpu),

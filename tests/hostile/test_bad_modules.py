@@ -17,7 +17,7 @@ def test_a_module_whose_dict_raises_costs_only_itself(caplog: pytest.LogCaptureF
     import te_offload_shim as shim
     from harness import megatron_world as w
     from harness import te_standins as te
-    from te_offload_shim.te_caches import ShimError
+    from te_offload_shim.te.caches import ShimError
 
     class Sealed(te.TELinearStandIn):
         """A TE-like layer whose `__dict__` raises once sealed (a proxy, a C++-backed module...)."""

@@ -115,8 +115,8 @@ def test_uninstall_restores_the_ray_actor_method_copies() -> None:
     """Scenario 9: a @ray.remote class runs copies of its methods (wrapped in Ray's tracing
     closure); the copies the shim wrapped in the worker are unwrapped by uninstall() too."""
     import te_offload_shim
-    from te_offload_shim import ray_actors
-    from te_offload_shim._patch import shim_layers
+    from te_offload_shim.engine.patch import shim_layers
+    from te_offload_shim.integrations import ray as ray_actors
 
     use_targets()
     import shim_targets as t
@@ -172,7 +172,7 @@ def test_no_patch_lands_after_uninstall_returns(tmp_path: Path) -> None:
     returned = sys.modules["race_target"].offload
     pausing.go_on.set()
     thread.join(10)
-    from te_offload_shim._patch import shim_layers
+    from te_offload_shim.engine.patch import shim_layers
 
     target = sys.modules["race_target"]
     assert shim_layers(returned) == 0 and shim_layers(target.offload) == 0, "a patch landed after uninstall()"

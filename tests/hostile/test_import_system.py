@@ -90,7 +90,7 @@ class _FrontFinder:
 def test_a_finder_put_in_front_of_ours_does_not_keep_a_target_unpatched(tmp_path: Path) -> None:
     """Scenario 4: the shim is active from interpreter start, then a finder goes in front of ours."""
     import te_offload_shim
-    from te_offload_shim._patch import shim_layers
+    from te_offload_shim.engine.patch import shim_layers
 
     assert te_offload_shim.installed()
     source = "def offload(models):\n    return 'offloaded'\n"
@@ -144,7 +144,7 @@ def test_a_legacy_finder_still_serves_its_module_and_it_is_patched(tmp_path: Pat
     write_module(tmp_path, "legacy_target", "SOURCE = 'disk'\ndef offload(models):\n    return 'disk'\n")
     sys.meta_path.insert(0, _LegacyFinder())
     te_offload_shim = importlib.import_module("te_offload_shim")
-    from te_offload_shim._patch import shim_layers
+    from te_offload_shim.engine.patch import shim_layers
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ImportWarning)
@@ -178,7 +178,7 @@ def test_lazily_imported_modules_stay_unexecuted(tmp_path: Path) -> None:
     spec.loader.exec_module(lazy)
     te_offload_shim = importlib.import_module("te_offload_shim")
     plain_target = importlib.import_module("plain_target")
-    from te_offload_shim._patch import shim_layers
+    from te_offload_shim.engine.patch import shim_layers
 
     assert shim_layers(plain_target.offload) == 1
     assert getattr(builtins, "LAZY_RUNS", 0) == 0, "the lazy module was executed"
@@ -270,7 +270,7 @@ def test_an_import_that_works_without_the_shim_works_with_it() -> None:
     sys.meta_path.append(_ReadOnlyFinder())
     te_offload_shim = importlib.import_module("te_offload_shim")
     readonly_target = importlib.import_module("readonly_target")
-    from te_offload_shim._patch import shim_layers
+    from te_offload_shim.engine.patch import shim_layers
 
     assert readonly_target.offload([]) == "offloaded" and shim_layers(readonly_target.offload) == 1
     assert te_offload_shim.status()["hook_errors"] == []

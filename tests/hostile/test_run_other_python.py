@@ -68,7 +68,8 @@ def test_run_adds_nothing_of_its_environment_to_another_python(minor: int, tmp_p
     plain, plain_err = child()
     under_run, run_err = child(sys.executable, "-c", launcher, "run", "--")
     assert under_run["version"] == [3, minor]
-    assert under_run["pythonpath"] == str(site / "te_offload_shim" / "_bootstrap") + os.pathsep + str(user)
+    bootstrap = site / "te_offload_shim" / "activation" / "bootstrap"
+    assert under_run["pythonpath"] == str(bootstrap) + os.pathsep + str(user)
     assert under_run["sys_path"] == plain["sys_path"], "run put something of its environment on the path"
     assert not under_run["marker"] and not under_run["shim"]
     assert under_run["user_sitecustomize"] == 1, "the sitecustomize further down still runs"

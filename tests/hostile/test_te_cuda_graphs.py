@@ -26,7 +26,7 @@ def _chunk() -> tuple:
 @pytest.mark.subprocess(timeout=120)
 def test_chunk_graphed_by_te_make_graphed_callables_is_left_alone() -> None:
     from harness import te_graph, te_releases
-    from te_offload_shim.te_caches import clear_fp8_workspaces, scan
+    from te_offload_shim.te.caches import clear_fp8_workspaces, scan
 
     releases = [r for r in te_releases.RELEASES if te_releases.installed(r)]
     if not releases:
@@ -66,7 +66,7 @@ def test_instance_forwards_that_are_not_te_graphs_do_not_block_clearing() -> Non
     function) are not graphs: only functions of TE's graph module count."""
     import functools
 
-    from te_offload_shim.te_caches import clear_fp8_workspaces
+    from te_offload_shim.te.caches import clear_fp8_workspaces
 
     chunk, layer = _chunk()
     layer.forward = functools.partial(type(layer).forward, layer)

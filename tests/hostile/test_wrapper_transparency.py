@@ -36,7 +36,7 @@ def test_patched_functions_and_bound_methods_pickle_by_reference(tmp_path: Path)
     import cloudpickle
 
     import te_offload_shim
-    from te_offload_shim._patch import shim_layers
+    from te_offload_shim.engine.patch import shim_layers
 
     use_targets()
     import shim_targets as t

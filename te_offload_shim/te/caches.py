@@ -1,7 +1,8 @@
 """Transformer Engine's cached quantized weights: find them, count their bytes, drop them.
 
 This is the only place where the shim touches TE internals. It knows TE's layouts by version and
-nothing of verl, Ray or wrapt. It never imports torch or TE: it works on the objects it is given,
+nothing of verl, Ray or wrapt; Megatron's CUDA-graph marks, which the walk reads on its way, come
+from integrations/megatron.py. It never imports torch or TE: it works on the objects it is given,
 with torch taken from `sys.modules` (if torch is not imported, there is nothing to clear).
 
 Layouts (TE source files named so they can be checked again):
@@ -17,7 +18,7 @@ Layouts (TE source files named so they can be checked again):
   re-allocates an uninitialised buffer and uses it unfilled. Left alone, reported as skipped.
 
 The values are quantized tensors whose bytes live in inner tensors, never in the wrapper: counting
-them is `te_bytes`'s job.
+them is `sizes`'s job.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import _config, te_bytes
-from ._log import warn_once
+from te_offload_shim import _switches
+from te_offload_shim._log import warn_once
+from te_offload_shim.integrations.megatron import GRAPH_LIST, GRAPH_SUBMODULE, cuda_graph_reason
+from te_offload_shim.te import sizes
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -37,13 +40,6 @@ WORKSPACES = "_fp8_workspaces"
 LEGACY_MARKER = "fp8_weight_shapes"
 LEGACY_ATTRS = ("weight1_fp8", "weight1_t_fp8", "weight2_fp8", "weight2_t_fp8")
 
-# Megatron's TransformerConfig switches for CUDA graphs (megatron/core/transformer/transformer_config.py).
-_GRAPH_CONFIG_FLAGS = ("enable_cuda_graph", "external_cuda_graph")
-# Megatron's module markers (megatron/core/transformer/module.py, core_v0.15+; transformer_layer.py
-# before): a `cudagraph_manager` submodule for cuda_graph_impl="local", a `cuda_graphs` list that
-# TECudaGraphHelper fills for "transformer_engine".
-_GRAPH_SUBMODULE = "cudagraph_manager"
-_GRAPH_LIST = "cuda_graphs"
 # TE's own marks (transformer_engine/pytorch/graph.py, 1.9 - 2.20; checked against each release's
 # graph.py by tests/hostile/test_te_cuda_graphs.py):
 # `make_graphed_callables(module, ...)` sets instance attributes that are functions of that module:
@@ -209,11 +205,11 @@ def _walk(chunk: Any) -> _Tree:
             d = module.__dict__
             children = d.get("_modules")
             if children:
-                if graph_mark is None and children.get(_GRAPH_SUBMODULE) is not None:
-                    graph_mark = f"{type(module).__name__}.{_GRAPH_SUBMODULE} is set"
+                if graph_mark is None and children.get(GRAPH_SUBMODULE) is not None:
+                    graph_mark = f"{type(module).__name__}.{GRAPH_SUBMODULE} is set"
                 push(children.values())
-            if graph_mark is None and _GRAPH_LIST in d and d[_GRAPH_LIST]:
-                graph_mark = f"{type(module).__name__}.{_GRAPH_LIST} holds captured graphs"
+            if graph_mark is None and GRAPH_LIST in d and d[GRAPH_LIST]:
+                graph_mark = f"{type(module).__name__}.{GRAPH_LIST} holds captured graphs"
             if graph_mark is None and ("forward" in d or "reset" in d or "backward_dw" in d):
                 graph_mark = te_graph_mark(module)
             if WORKSPACES in d:
@@ -240,26 +236,6 @@ def te_graph_mark(module: Any) -> str | None:
             continue
         return f"{type(module).__name__}.{name} is TE's {function} from make_graphed_callables"
     return None
-
-
-def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
-    """Why clearing this chunk would be unsafe because of CUDA graphs, or None.
-
-    A captured graph keeps the workspace addresses; freed, replay touches memory that now belongs to
-    someone else. Megatron's config says whether graphs are on, for the chunk and every wrapper."""
-    obj, depth = chunk, 0
-    while obj is not None and depth < 8:
-        config = obj.__dict__.get("config") if hasattr(obj, "__dict__") else None
-        if config is not None:
-            impl = getattr(config, "cuda_graph_impl", None)
-            if impl not in (None, "none"):
-                return f"config.cuda_graph_impl={impl!r}"
-            for flag in _GRAPH_CONFIG_FLAGS:
-                if getattr(config, flag, False) is True:
-                    return f"config.{flag}=True"
-        obj = obj.__dict__.get("_modules", {}).get("module") if hasattr(obj, "__dict__") else None
-        depth += 1
-    return graph_mark
 
 
 class _Names:
@@ -331,7 +307,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
     report = CacheReport(cleared=clear)
     if torch is None:
         return report
-    strict = _config.strict() if strict is None else strict
+    strict = _switches.strict() if strict is None else strict
     before = _allocated(torch) if clear else None
     counted = _Batch()
     param_ids = None if params is None else {id(p) for p in params}
@@ -351,7 +327,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
             if all(d.get(a) is None for a in LEGACY_ATTRS):
                 continue  # a TE < 1.8 layer that has cached nothing (yet): nothing left in place
             try:
-                sizes = te_bytes.storages([d.get(a) for a in LEGACY_ATTRS], torch)
+                held = sizes.storages([d.get(a) for a in LEGACY_ATTRS], torch)
                 entries = sum(1 for a in LEGACY_ATTRS if d.get(a) is not None)
             except Exception as exc:
                 _unreadable(report, names(module), "reading its TE < 1.8 caches", exc)
@@ -361,7 +337,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
                     names(module),
                     "TE < 1.8 cache layout (weight*_fp8): clearing is unsafe, left in place",
                     entries,
-                    sum(sizes.values()),
+                    sum(held.values()),
                 )
             )
         try:
@@ -372,7 +348,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
         if not live:
             continue
         try:
-            reason = None if _config.force_with_cuda_graphs() else cuda_graph_reason(chunk, tree.graph_mark)
+            reason = None if _switches.force_with_cuda_graphs() else cuda_graph_reason(chunk, tree.graph_mark)
         except Exception as exc:  # not knowing whether graphs replay into the caches: leave them
             _unreadable(report, names.prefix, "reading its CUDA graph settings", exc)
             continue
@@ -382,7 +358,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
                 "te_offload_shim: FP8 weight caches left in place because CUDA graphs are on (%s); "
                 "set %s=1 if your graphs are re-captured after an offload",
                 reason,
-                _config.FORCE_CUDA_GRAPHS,
+                _switches.FORCE_CUDA_GRAPHS,
             )
             report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(_count(w) for _, w in live)))
             continue
@@ -470,7 +446,7 @@ def primary_weight_copies(
                 continue
             try:
                 copies = [getattr(param, f, None) for f in PRIMARY_WEIGHT_COPIES]
-                held = te_bytes.storages([c for c in copies if c is not None], torch)
+                held = sizes.storages([c for c in copies if c is not None], torch)
             except Exception:  # a parameter class we do not know: nothing to say about it
                 continue
             if not held:
@@ -479,7 +455,7 @@ def primary_weight_copies(
             fields = "/".join(f for f, c in zip(PRIMARY_WEIGHT_COPIES, copies, strict=True) if c is not None)
             if fields == "_transpose" and may_drop is None:
                 may_drop = _te_release() >= TRANSPOSE_REBUILT_FROM and (
-                    _config.force_with_cuda_graphs() or cuda_graph_reason(chunk, graph_mark) is None
+                    _switches.force_with_cuda_graphs() or cuda_graph_reason(chunk, graph_mark) is None
                 )
             if fields == "_transpose" and may_drop and _drop_transpose(param, report):
                 report.primary_weight_cleared += sum(held.values())
@@ -531,14 +507,14 @@ class _Batch:
             return
         try:
             try:
-                freed, shared = te_bytes.count(self.values, self.params, torch, self.counted)
+                freed, shared = sizes.count(self.values, self.params, torch, self.counted)
             except Exception:  # find the module whose values cannot be counted; count the others
                 freed = shared = 0
                 counted = self.counted
                 for module, start, end in self.owners:
                     try:
                         own = (module.__dict__.get("_parameters") or {}).values()
-                        f, s = te_bytes.count(self.values[start:end], own, torch, counted)
+                        f, s = sizes.count(self.values[start:end], own, torch, counted)
                     except Exception as exc:  # accounting must never keep the caches alive:
                         text = repr(exc)  # repr(exc), never the exception: a buffering log handler
                         del exc  # would keep its traceback, whose frames hold the popped values

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import wrapt
 
 if TYPE_CHECKING:
-    from ._registry import Record
+    from te_offload_shim.engine.registry import Record
 
 
 class _Ref:

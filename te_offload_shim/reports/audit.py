@@ -14,12 +14,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import _config
-from ._locks import Lock
-from ._log import log, rank_prefix, warn_once
+from te_offload_shim import _switches
+from te_offload_shim._locks import Lock
+from te_offload_shim._log import log, rank_prefix, warn_once
 
 if TYPE_CHECKING:
-    from .targets import Target
+    from te_offload_shim.integrations.targets import Target
 
 _lock = Lock()
 _audits = 0
@@ -63,11 +63,11 @@ class Pending:
 def begin(target: Target, models: Any) -> Pending | None:
     """Start auditing one offload of `models`: the process numbers now. Never raises."""
     try:
-        from .process_memory import device_memory
+        from te_offload_shim.reports.process_memory import device_memory
 
         torch = sys.modules.get("torch")
         before = device_memory(torch) if torch is not None else []
-        return Pending(target, models, _config.audit_device_type(), before)
+        return Pending(target, models, _switches.audit_device_type(), before)
     except Exception as exc:
         fail("begin", exc)
         return None
@@ -75,7 +75,7 @@ def begin(target: Target, models: Any) -> Pending | None:
 
 def _finish(pending: Pending) -> None:
     global _audits, _latest
-    from . import device_residue as residue
+    from te_offload_shim.reports import residue
 
     report = residue.residue(pending.models, device_type=pending.device_type)
     report.memory_before = pending.before

@@ -12,18 +12,19 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from . import _config, te_caches
-from ._locks import Lock
-from ._log import first_line_level, human_bytes, log, rank_prefix, warn_once
+from te_offload_shim import _switches
+from te_offload_shim._locks import Lock
+from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
+from te_offload_shim.integrations.ray import TRACE_CTX_KEYWORD
+from te_offload_shim.te import caches
 
 if TYPE_CHECKING:
     import inspect
     from collections.abc import Callable, Mapping
 
-    from ._registry import Record
-    from .targets import Target
+    from te_offload_shim.engine.registry import Record
+    from te_offload_shim.integrations.targets import Target
 
-_RAY_TRACE_CTX = "_ray_trace_ctx"
 _lock = Lock()
 _inside = threading.local()
 _totals: dict[str, Any] = {
@@ -57,7 +58,7 @@ def reset_stats() -> None:
         _announced = False
 
 
-def _record(target: Target, report: te_caches.CacheReport) -> None:
+def _record(target: Target, report: caches.CacheReport) -> None:
     global _announced
     with _lock:
         _totals["calls"] += 1
@@ -114,7 +115,7 @@ class Handler:
             pending = None
             if depth == 0:
                 models = self._clear_failing_open(instance, args, kwargs)
-                if _config.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
+                if _switches.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
                     pending = self._begin_audit(models, instance, args, kwargs)
             result = wrapped(*args, **kwargs)
             if pending is not None:
@@ -126,10 +127,10 @@ class Handler:
     def _clear_failing_open(self, instance: Any, args: tuple, kwargs: dict) -> Any:
         """Clear this call's caches; returns the model chunks it found (None if it found none)."""
         try:
-            if _config.enabled() and not _config.is_disabled(self.target.name):
+            if _switches.enabled() and not _switches.is_disabled(self.target.name):
                 return self._clear(instance, args, kwargs)
         except Exception as exc:
-            if _config.strict():
+            if _switches.strict():
                 raise
             with _lock:
                 _totals["errors"] += 1
@@ -142,7 +143,7 @@ class Handler:
         return None
 
     def _begin_audit(self, models: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        from . import audit
+        from te_offload_shim.reports import audit
 
         try:
             if models is None:  # the clearing stepped aside (or is off): find the chunks for the audit
@@ -156,9 +157,8 @@ class Handler:
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
         if self.takes_self and instance is not None:
             args = (instance, *args)
-        if _RAY_TRACE_CTX in kwargs and _RAY_TRACE_CTX not in self.signature.parameters:
-            # With Ray tracing on, actor methods get this keyword through Ray's tracing closure.
-            kwargs = {k: v for k, v in kwargs.items() if k != _RAY_TRACE_CTX}
+        if TRACE_CTX_KEYWORD in kwargs and TRACE_CTX_KEYWORD not in self.signature.parameters:
+            kwargs = {k: v for k, v in kwargs.items() if k != TRACE_CTX_KEYWORD}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError:
@@ -196,7 +196,7 @@ class Handler:
             log(10, "te_offload_shim: %s: stepping aside: %s", target.path, reason)
             return None
         models, params = self._chunks(call)
-        _record(target, te_caches.clear_fp8_workspaces(models, params=params, strict=_config.strict()))
+        _record(target, caches.clear_fp8_workspaces(models, params=params, strict=_switches.strict()))
         return models
 
 

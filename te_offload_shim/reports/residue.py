@@ -4,7 +4,7 @@ driver say: the report users otherwise assemble by hand from memory snapshots af
 One walk over the model chunks reads instance dicts only (never `nn.Module.__getattr__`, never a
 property of a module), finds every tensor on the selected device, and counts each storage once.
 It moves, frees and keeps nothing: the report holds names and numbers, no tensor or module.
-Like `te_caches`, it never imports torch: torch comes from `sys.modules`.
+Like `caches`, it never imports torch: torch comes from `sys.modules`.
 
 A storage found through several holders is counted once, for the first category in `CATEGORIES`
 order: a parameter that is a view into megatron DDP's `param_data` counts under `ddp_buffers`
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
-from . import te_bytes, te_caches
-from ._log import human_bytes
-from .process_memory import DeviceMemory, device_memory, te_global_memory
+from te_offload_shim._log import human_bytes
+from te_offload_shim.reports.process_memory import DeviceMemory, device_memory, te_global_memory
+from te_offload_shim.te import caches, sizes
 
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
 TOP = 10
@@ -154,7 +154,7 @@ def residue(models: object, *, device_type: str | None = None, top: int = TOP) -
     if torch is None:
         return report
     try:
-        chunks, refused = te_caches.as_chunks(models)  # never iterates what the offload will iterate
+        chunks, refused = caches.as_chunks(models)  # never iterates what the offload will iterate
         if refused is not None:
             report.errors.append(f"models not inspected: {refused}")
         _Walk(torch, device_type).run(chunks, report, top)
@@ -195,9 +195,9 @@ class _Walk:
         self.found: dict[str, list[tuple[_Node, Any, str, Any]]] = {c: [] for c in CATEGORIES}
         self.seen_objects: set[int] = set()
         self.internal = frozenset(torch.nn.Module().__dict__) | {
-            te_caches.WORKSPACES,
-            te_caches.LEGACY_MARKER,
-            *te_caches.LEGACY_ATTRS,
+            caches.WORKSPACES,
+            caches.LEGACY_MARKER,
+            *caches.LEGACY_ATTRS,
         }
         if device_type is None:
             self.on_device = lambda t: not t.is_cpu
@@ -219,7 +219,7 @@ class _Walk:
         if value is None:
             return
         inner: list[Any] = []
-        te_bytes.inner_tensors(value, self.torch, inner)
+        sizes.inner_tensors(value, self.torch, inner)
         on_device = self.on_device
         for t in inner:
             if t is not None and on_device(t):  # inner_tensors leaves Nones for its callers to skip
@@ -234,7 +234,7 @@ class _Walk:
         pop, push, mark = stack.pop, stack.extend, seen.add
         internal, plain, check = self.internal, self.plain, self.on_device
         params_found, buffers_found = self.found["parameters"], self.found["buffers"]
-        workspaces_key, legacy_marker = te_caches.WORKSPACES, te_caches.LEGACY_MARKER
+        workspaces_key, legacy_marker = caches.WORKSPACES, caches.LEGACY_MARKER
         while stack:
             module, node = pop()
             if id(module) in seen:
@@ -261,8 +261,8 @@ class _Walk:
                 workspaces = d.get(workspaces_key)
                 if workspaces:
                     self.workspaces(node, workspaces)
-                if legacy_marker in d:  # TE < 1.8: never cleared (see te_caches)
-                    for name in te_caches.LEGACY_ATTRS:
+                if legacy_marker in d:  # TE < 1.8: never cleared (see caches)
+                    for name in caches.LEGACY_ATTRS:
                         self.add("fp8_workspaces", node, name, d.get(name))
                 extra = d.keys() - internal
                 if extra:
@@ -277,9 +277,9 @@ class _Walk:
     def workspaces(self, node: _Node, workspaces: Any) -> None:
         if type(workspaces) is dict:
             for key, value in workspaces.items():
-                self.add("fp8_workspaces", node, (te_caches.WORKSPACES, key), value)
+                self.add("fp8_workspaces", node, (caches.WORKSPACES, key), value)
         else:  # not TE's plain dict: whatever tensors it holds
-            self.add("fp8_workspaces", node, te_caches.WORKSPACES, workspaces)
+            self.add("fp8_workspaces", node, caches.WORKSPACES, workspaces)
 
     def attributes(self, node: _Node, d: dict, names: set[str]) -> None:
         for name in sorted(names):
@@ -294,7 +294,7 @@ class _Walk:
         if type(p) in self.plain:
             self.add("parameters", node, name, p)
         else:  # a TE FP8 primary weight (or another tensor subclass)
-            parts = [(n, getattr(p, n, None)) for n in te_bytes.INNER_ATTRS]
+            parts = [(n, getattr(p, n, None)) for n in sizes.INNER_ATTRS]
             parts = [(n, v) for n, v in parts if v is not None and v is not p]
             if not parts:
                 self.add("parameters", node, name, p)
@@ -341,7 +341,7 @@ class _Walk:
         if isinstance(value, _OPAQUE) or isinstance(value, self.module_type):
             return  # modules are walked through `_modules`; one merely referenced is not ours
         try:
-            storage = te_bytes._is_storage(value)  # a TE quantized value outside the workspace dict
+            storage = sizes._is_storage(value)  # a TE quantized value outside the workspace dict
         except Exception:  # a proxy whose __getattr__ raises something else than AttributeError
             return
         if storage:

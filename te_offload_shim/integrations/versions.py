@@ -15,8 +15,8 @@ import re
 from importlib import metadata, util
 from typing import Any
 
-from . import _config
-from .targets import Target
+from te_offload_shim import _switches
+from te_offload_shim.integrations.targets import Target
 
 # Distributions reported by `status`; TE ships under several names depending on the build.
 CORE = ("wrapt", "torch", "transformer-engine", "megatron-core")
@@ -95,7 +95,7 @@ def fixed_upstream(target: Target, dist_version: str | None) -> tuple[bool | Non
 
 def versions() -> dict[str, str | None]:
     """Python and the packages an operator asks about, frameworks included."""
-    from .targets import BUILTIN
+    from te_offload_shim.integrations.targets import BUILTIN
 
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in CORE:
@@ -115,7 +115,7 @@ def target_row(target: Target, enabled: bool) -> dict[str, Any]:
     dist_version = version(target.distribution) if target.distribution else None
     present = module_present(target.module)
     fixed, basis = fixed_upstream(target, dist_version) if present else (None, "not present")
-    is_disabled = _config.is_disabled(target.name)
+    is_disabled = _switches.is_disabled(target.name)
     return {
         "name": target.name,
         "target": target.path,

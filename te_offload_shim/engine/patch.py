@@ -1,7 +1,7 @@
 """HOW to patch a table target: wrap it with our wrapper, rebind the aliases callers hold.
 
 Imported only once a target module has been imported, so wrapt is never loaded in a process that
-does not need it. Every patch is a `_registry.Record`, which is how it is found and undone.
+does not need it. Every patch is a `registry.Record`, which is how it is found and undone.
 """
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ import inspect
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from . import _config, _registry
-from ._offload import make_handler
-from ._wrapper import ShimWrapper, armed_layers, is_ours, shim_layers
+from te_offload_shim import _switches
+from te_offload_shim.engine import registry
+from te_offload_shim.engine.handler import make_handler
+from te_offload_shim.engine.wrapper import ShimWrapper, armed_layers, is_ours, shim_layers
+from te_offload_shim.integrations.ray import remote_user_class
 
 if TYPE_CHECKING:
-    from .targets import Target
+    from te_offload_shim.integrations.targets import Target
 
 __all__ = ["apply", "owner_of", "shim_layers"]
 
@@ -30,9 +32,8 @@ def owner_of(module: ModuleType, attribute: str) -> tuple[Any, str] | None:
     class_name, method = attribute.split(".", 1)
     cls = vars(module).get(class_name)
     if not isinstance(cls, type):
-        # A @ray.remote class is an ActorClass; the user's class is in its modified class's MRO.
-        cls = getattr(getattr(cls, "__ray_metadata__", None), "modified_class", None)
-        if not isinstance(cls, type):
+        cls = remote_user_class(cls)
+        if cls is None:
             return None
     for klass in cls.__mro__:
         if method in vars(klass):
@@ -52,16 +53,16 @@ def kind_of(owner: Any, raw: Any) -> str:
 def apply(target: Target, module: ModuleType) -> str:
     """Patch `target` in the freshly imported `module`; returns the state recorded for it."""
     try:
-        with _registry.lock:  # one decision per attribute, however many threads import at once
+        with registry.lock:  # one decision per attribute, however many threads import at once
             state = _apply(target, module)
     except Exception as exc:
         state = f"error: {type(exc).__name__}: {exc}"
-    _registry.set_state(target.name, state)
+    registry.set_state(target.name, state)
     return state
 
 
 def _apply(target: Target, module: ModuleType) -> str:
-    if _config.is_disabled(target.name):
+    if _switches.is_disabled(target.name):
         return "disabled"
     if target.fixed_upstream is not None and target.fixed_upstream(module):
         return "fixed upstream"
@@ -84,14 +85,14 @@ def _apply(target: Target, module: ModuleType) -> str:
         spec = target.where.text or target.where.root
         return f"error: models spec {spec!r} names no parameter of {target.attribute}{signature}"
     ref = (owner.__module__, f"{owner.__qualname__}.{name}") if isinstance(owner, type) else (module.__name__, name)
-    record = _registry.Record(KIND, owner, name, raw, target=target.name, aliases=not isinstance(owner, type))
+    record = registry.Record(KIND, owner, name, raw, target=target.name, aliases=not isinstance(owner, type))
     wrapper = ShimWrapper(raw, make_handler(target, signature, kind, record), record, ref)
 
     def put_in_place() -> None:
         setattr(owner, name, wrapper)
         if record.aliases:
-            _registry.rebind(raw, wrapper)
+            registry.rebind(raw, wrapper)
 
-    if not _registry.add(record, wrapper, put_in_place):
+    if not registry.add(record, wrapper, put_in_place):
         return "not installed"
     return "patched"

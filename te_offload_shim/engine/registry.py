@@ -12,8 +12,8 @@ Standard library only.
 
 import sys
 
-from ._locks import Lock
-from ._watch import namespace
+from te_offload_shim._locks import Lock
+from te_offload_shim._watch import namespace
 
 TYPE_CHECKING = False
 

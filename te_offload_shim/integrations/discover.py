@@ -324,12 +324,12 @@ def scan(files: Iterable[tuple[Path, str]]) -> list[Candidate]:
 
 def mark_covered(candidates: list[Candidate]) -> None:
     """Mark the candidates the built-in table or TE_OFFLOAD_SHIM_TARGETS names."""
-    from . import _config
-    from .targets import BUILTIN, parse_user_targets
+    from te_offload_shim import _switches
+    from te_offload_shim.integrations.targets import BUILTIN, parse_user_targets
 
-    user, _ = parse_user_targets(os.environ.get(_config.TARGETS, ""))
+    user, _ = parse_user_targets(os.environ.get(_switches.TARGETS, ""))
     table = {t.path: t.name for t in BUILTIN}
-    table.update({t.path: _config.TARGETS for t in user})
+    table.update({t.path: _switches.TARGETS for t in user})
     wrapped_names = {t.attribute.rpartition(".")[2] for t in (*BUILTIN, *user)}
     for candidate in candidates:
         if candidate.covered:

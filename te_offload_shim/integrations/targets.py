@@ -170,7 +170,7 @@ def _releases_weights(call: "Mapping[str, Any]") -> "bool":
 
 
 def _megatron_buffer_modules(buffer: "Any") -> "Any":
-    from .megatron_buffers import modules_of_buffer
+    from te_offload_shim.integrations.megatron import modules_of_buffer
 
     return modules_of_buffer(buffer)
 

@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from . import te_bytes
+from te_offload_shim.te import sizes
 
 _TE_BASE = "transformer_engine.pytorch.module.base"
 _TE_GEMM = "transformer_engine.pytorch.cpp_extensions.gemm"
@@ -68,8 +68,8 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
 
     def size(values: Any) -> int:
         tensors: list[Any] = []
-        te_bytes.inner_tensors(list(values), torch, tensors)
-        return sum(te_bytes.storages([t for t in tensors if t is not None and on_device(t)], torch).values())
+        sizes.inner_tensors(list(values), torch, tensors)
+        return sum(sizes.storages([t for t in tensors if t is not None and on_device(t)], torch).values())
 
     found: dict[str, int | None] = {}
     g = vars(base) if base is not None else {}

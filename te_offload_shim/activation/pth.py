@@ -1,0 +1,143 @@
+"""The `.pth` route, and which activation routes are in force.
+
+`te-offload-shim enable` writes `te_offload_shim.pth` into a site-packages directory (one line that
+site.py runs at every interpreter start); `disable` removes it. `routes()` tells which routes are in
+force for this interpreter and the processes it starts, for `te-offload-shim status`. Standard
+library only; imported by the CLI, never at start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sysconfig
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from typing import Any
+
+PTH_NAME = "te_offload_shim.pth"
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+STARTUP_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pythonstartup.py")
+VERL_EXTERNAL = "VERL_USE_EXTERNAL_MODULES"
+
+# site.py runs every line that starts with "import" (and only those). The line must:
+# - honour TE_OFFLOAD_SHIM=0 without importing the package (same spellings as _switches._FALSE);
+# - stay silent when the package is gone but the file stayed (pip does not know about it), since
+#   an error prints "Error processing line" at every start (coverage #223);
+# - be harmless when run twice (venv, cpython #75723): the second import is a sys.modules hit.
+PTH_LINE = (
+    "import os; exec('try:\\n import te_offload_shim\\nexcept Exception:\\n pass') "
+    "if os.environ.get('TE_OFFLOAD_SHIM', '').strip().lower() not in ('0', 'false', 'no', 'off') else None"
+)
+PTH_TEXT = (
+    "# Activates te_offload_shim at every interpreter start. Written by `te-offload-shim enable`;\n"
+    "# remove with `te-offload-shim disable`. TE_OFFLOAD_SHIM=0 turns it off for one process.\n"
+    f"{PTH_LINE}\n"
+)
+
+
+# --- the .pth file ------------------------------------------------------------------------------
+
+
+def default_site() -> str:
+    """This interpreter's site-packages (the venv's inside a venv)."""
+    return sysconfig.get_paths()["purelib"]
+
+
+class SiteError(Exception):
+    """A site directory we cannot use; the message is one line for the operator."""
+
+
+def enable(site_dir: str | None = None) -> tuple[str, str]:
+    """Write the .pth file; returns (what happened, path). Idempotent.
+
+    A `site_dir` must exist: a typo would otherwise create a folder no interpreter reads and
+    report the shim enabled. Raises SiteError with a one-line reason."""
+    directory = os.path.abspath(site_dir or default_site())
+    if site_dir is not None and not os.path.exists(directory):
+        raise SiteError(f"{directory} does not exist (no interpreter reads .pth files there)")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise SiteError(f"{directory} is not a directory")
+    path = os.path.join(directory, PTH_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            current = f.read()
+    except FileNotFoundError:
+        current = None
+    except OSError as exc:
+        raise SiteError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if current == PTH_TEXT:
+        return "already enabled", path
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(directory, exist_ok=True)  # the interpreter's own site-packages may not exist yet
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(PTH_TEXT)
+        os.replace(tmp, path)  # never a half-written line that site.py would run
+    except OSError as exc:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise SiteError(f"cannot write {path}: {exc.strerror or exc}") from None
+    return ("enabled" if current is None else "updated"), path
+
+
+def disable(site_dir: str | None = None) -> tuple[str, str]:
+    """Remove the .pth file; returns (what happened, path). Idempotent."""
+    path = os.path.join(os.path.abspath(site_dir or default_site()), PTH_NAME)
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        return "already disabled", path
+    return "disabled", path
+
+
+def site_dirs() -> list[str]:
+    """The directories whose .pth files this interpreter runs at start-up."""
+    dirs = list(getattr(site, "getsitepackages", list)())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    dirs.append(default_site())
+    return list(dict.fromkeys(os.path.abspath(d) for d in dirs))
+
+
+def pth_files() -> list[dict[str, Any]]:
+    """Every te_offload_shim.pth this interpreter runs, and whether its line is the current one."""
+    found = []
+    for directory in site_dirs():
+        path = os.path.join(directory, PTH_NAME)
+        if os.path.isfile(path):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    current = f.read() == PTH_TEXT
+            except OSError:
+                current = False
+            found.append({"path": path, "current": current})
+    return found
+
+
+# --- routes in force ----------------------------------------------------------------------------
+
+
+def _path_entries(value: str | None) -> list[str]:
+    return [os.path.abspath(p) for p in (value or "").split(os.pathsep) if p]
+
+
+def routes(environ: Any = None) -> dict[str, Any]:
+    """The activation routes in force for this interpreter and the processes it starts."""
+    from te_offload_shim.integrations import ray
+
+    env = os.environ if environ is None else environ
+    external = [m.strip() for m in env.get(VERL_EXTERNAL, "").split(",") if m.strip()]
+    startup = env.get("PYTHONSTARTUP", "")
+    return {
+        "pth": pth_files(),
+        "sitecustomize_bootstrap": os.path.abspath(BOOTSTRAP_DIR) in _path_entries(env.get("PYTHONPATH")),
+        "verl_external_modules": "te_offload_shim" in external,
+        "pythonstartup": bool(startup) and os.path.abspath(startup) == os.path.abspath(STARTUP_FILE),
+        "ray_worker_setup_hook": env.get(ray.HOOK_ENV_VAR) == ray.RAY_HOOK,  # set by Ray in a job's workers
+        "ray_init_propagation": "when ray.init is called in a process where the shim is installed",
+    }

@@ -1,0 +1,230 @@
+"""Ray: the job's workers, and the method copies inside Ray actors.
+
+Workers. Where the shim is installed, `ray.init` gains `worker_process_setup_hook=
+"te_offload_shim.ray_setup"` in its runtime_env, so every worker of the job, on every node, installs
+the shim before it runs a task. We stay out when the job already has a hook (Ray allows one) or swaps
+the Python environment (the workers may lack the package, and an unimportable hook fails them all).
+
+Actor copies. `@ray.remote` builds a subclass and copies every method into it, each wrapped in a
+tracing closure that holds the function as it was when the decorator ran (ray.util.tracing.
+tracing_helper `_inject_tracing_into_class`, ray 2.60). That class is pickled by value, copies
+included, so the actor process runs copies of the originals even where the shim has patched the
+real class. In the worker, Ray loads the class in `FunctionActorManager._load_actor_class_from_gcs`
+(or `_from_local`) and only then builds the method executors. We wrap those two loaders and, on the
+class they return, wrap every copy of a method we patched: a copy is recognised by its module and
+qualified name (the `__wrapped__` chain of the tracing closure ends in the copied function).
+
+A class made with `@ray.remote` is patched through `__ray_metadata__.modified_class`
+(engine/patch.py), and Ray's `_ray_trace_ctx` keyword is not a model argument (engine/handler.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from te_offload_shim._log import warn_once
+from te_offload_shim.engine import registry
+from te_offload_shim.engine.wrapper import ShimWrapper, is_ours, shim_layers
+
+RAY_HOOK = "te_offload_shim.ray_setup"
+# With Ray tracing on, actor methods get this keyword through Ray's tracing closure: not a model argument.
+TRACE_CTX_KEYWORD = "_ray_trace_ctx"
+
+
+def remote_user_class(obj: object) -> type | None:
+    """The user's class behind a `@ray.remote` class (an ActorClass: the user's class is in the MRO
+    of its modified class), or None for anything else."""
+    cls = getattr(getattr(obj, "__ray_metadata__", None), "modified_class", None)
+    return cls if isinstance(cls, type) else None
+
+
+# runtime_env fields that give the workers another Python environment, where the package may be
+# missing: a setup hook that cannot be imported fails every worker of the job, so we stay out.
+_ENV_SWAPPING = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
+HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUPHOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUPHOOK_ENV_VAR
+_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set for the entrypoint of a `ray job submit`
+
+# --- actor classes: the by-value method copies -------------------------------------------------
+
+MODULE = "ray._private.function_manager"
+_LOADERS = ("_load_actor_class_from_gcs", "_load_actor_class_from_local")
+LOADER_KIND = "ray-loader"
+COPY_KIND = "actor-copy"
+
+
+def _origin(fn: Any) -> tuple[str | None, str | None]:
+    for _ in range(16):
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    return getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+
+
+def patch_copies(actor_class: Any) -> int:
+    """Wrap, in `actor_class` and its bases, every copy of a method the shim has patched."""
+    from te_offload_shim.engine.handler import make_handler  # the handler imports this module
+
+    if not isinstance(actor_class, type):
+        return 0
+    wrapped = 0
+    for patch in registry.iter_armed("target"):
+        if not isinstance(patch.owner, type):
+            continue
+        original = patch.replacement.__wrapped__
+        origin: tuple[str, str] = (original.__module__, original.__qualname__)
+        for klass in actor_class.__mro__:
+            if klass is patch.owner:
+                break
+            copy = vars(klass).get(patch.name)
+            if copy is None or shim_layers(copy) or _origin(copy) != origin:
+                continue
+            known = patch.replacement._self_wrapper  # the target's own call handling
+            record = registry.Record(COPY_KIND, klass, patch.name, copy, target=patch.target)
+            handler = make_handler(known.target, known.signature, known.kind, record)
+            shim = ShimWrapper(copy, handler, record, origin)
+            if registry.add(record, shim, _setter(klass, patch.name, shim)):
+                wrapped += 1
+    return wrapped
+
+
+def _setter(owner: Any, name: str, value: Any) -> Callable[[], None]:
+    return lambda: setattr(owner, name, value)
+
+
+def _after_load(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    actor_class = wrapped(*args, **kwargs)
+    try:
+        patch_copies(actor_class)
+    except Exception as exc:  # never fail an actor's creation
+        from te_offload_shim._log import warn_once
+
+        warn_once("ray-actor", "te_offload_shim: could not patch Ray actor class %r: %r", actor_class, exc)
+    return actor_class
+
+
+def _loader_handler(record: registry.Record) -> Any:
+    def handler(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if not record.armed:
+            return wrapped(*args, **kwargs)
+        return _after_load(wrapped, instance, args, kwargs)
+
+    return handler
+
+
+def on_function_manager_import(module: ModuleType) -> None:
+    manager = getattr(module, "FunctionActorManager", None)
+    if not isinstance(manager, type):
+        return
+    with registry.lock:
+        for name in _LOADERS:
+            current = vars(manager).get(name)
+            if current is None or is_ours(current):
+                continue
+            record = registry.Record(LOADER_KIND, manager, name, current)
+            ref = (manager.__module__, f"{manager.__qualname__}.{name}")
+            wrapper = ShimWrapper(current, _loader_handler(record), record, ref)
+            registry.add(record, wrapper, _setter(manager, name, wrapper))
+
+
+# --- ray.init: our setup hook in the job's runtime_env --------------------------------------------
+
+
+def _existing_hook(runtime_env: Any) -> object:
+    if not isinstance(runtime_env, dict):
+        return None
+    hook = runtime_env.get("worker_process_setup_hook")
+    if hook is None:
+        env_vars = runtime_env.get("env_vars") or {}
+        hook = env_vars.get(HOOK_ENV_VAR) if isinstance(env_vars, dict) else None
+    return hook
+
+
+def _submitted_job_env() -> dict[str, Any] | None:
+    """The runtime_env of a `ray job submit`, which Ray merges with ray.init's (a clash is an error)."""
+    raw = os.environ.get(_JOB_CONFIG_ENV_VAR)
+    if not raw:
+        return None
+    import json
+
+    try:
+        env = json.loads(raw).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return {"unreadable": True}
+    return env if isinstance(env, dict) else {"unreadable": True}
+
+
+def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`ray.init`'s keyword arguments with our hook added to the runtime_env, or unchanged (with a
+    log line saying why) when the user or the submitted job already has a hook."""
+    submitted = _submitted_job_env()
+    runtime_env = kwargs.get("runtime_env")
+    if runtime_env is None:
+        job_config = kwargs.get("job_config")
+        # ray.init's runtime_env replaces the JobConfig's: start from the JobConfig's so nothing is lost.
+        base = getattr(job_config, "runtime_env", None) if submitted is None else None
+        runtime_env = dict(base) if isinstance(base, dict) else {}
+    elif not isinstance(runtime_env, dict):
+        return kwargs
+    for source in (runtime_env, submitted):
+        hook = _existing_hook(source)
+        if hook is None:
+            continue
+        if hook != RAY_HOOK:
+            warn_once(
+                "ray-hook-taken",
+                "te_offload_shim: the Ray job already has worker_process_setup_hook=%r; not adding %s. "
+                "Chain it: call te_offload_shim.ray_setup() first thing in your hook, or set "
+                "env_vars VERL_USE_EXTERNAL_MODULES=te_offload_shim (verl) / PYTHONPATH to the sitecustomize "
+                "bootstrap (te-offload-shim run).",
+                hook,
+                RAY_HOOK,
+            )
+        return kwargs
+    if submitted is not None and submitted.get("unreadable"):
+        return kwargs
+    swapping = [key for key in _ENV_SWAPPING if runtime_env.get(key) or (submitted or {}).get(key)]
+    if swapping:
+        warn_once(
+            "ray-hook-env",
+            "te_offload_shim: the Ray job's runtime_env sets %s, so its workers may lack te_offload_shim; "
+            "not adding the setup hook. Install te-offload-shim there and pass "
+            "worker_process_setup_hook=%r yourself.",
+            ",".join(swapping),
+            RAY_HOOK,
+        )
+        return kwargs
+    new_env = dict(runtime_env)
+    new_env["worker_process_setup_hook"] = RAY_HOOK
+    return {**kwargs, "runtime_env": new_env}
+
+
+RAY_INIT_KIND = "ray.init"
+
+
+def _init_handler(record: Any) -> Callable[..., Any]:
+    def handler(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        shim = sys.modules.get("te_offload_shim")
+        if record.armed and shim is not None and shim.installed():
+            try:
+                kwargs = with_setup_hook(kwargs)
+            except Exception as exc:  # ray.init must go on whatever happens here
+                warn_once("ray-hook-error", "te_offload_shim: could not add the Ray setup hook: %r", exc)
+        return wrapped(*args, **kwargs)
+
+    return handler
+
+
+def on_ray_import(ray: ModuleType) -> None:
+    """Post-import callback for `ray`: wrap `ray.init` once (a registry record undoes it)."""
+    with registry.lock:
+        current = vars(ray).get("init")
+        if current is None or is_ours(current):
+            return
+        record = registry.Record(RAY_INIT_KIND, ray, "init", current)
+        wrapper = ShimWrapper(current, _init_handler(record), record, (ray.__name__, "init"))
+        registry.add(record, wrapper, lambda: setattr(ray, "init", wrapper))
