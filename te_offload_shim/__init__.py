@@ -2,27 +2,39 @@
 offloaded, in verl < 0.9, Megatron's own offload and the other Megatron RL frameworks.
 
 `import te_offload_shim` installs the shim: it watches for the target modules and wraps their
-offload functions when they are imported. Until then nothing beyond the standard library is
-imported. `TE_OFFLOAD_SHIM=0` turns the package into a no-op.
+offload functions when they are imported. `TE_OFFLOAD_SHIM=0` turns the package into a no-op.
+
+This module and `_watch` are the start-up path: all that `import te_offload_shim` loads, standard
+library only (`_switches` joins them when a `TE_OFFLOAD_SHIM*` variable is set). Everything else
+(the table, the engine, TE's layouts, wrapt) is imported when a target module is, or when asked for.
 """
 
+import _thread
+import os
 import sys
 
-from te_offload_shim import _switches, _watch
-from te_offload_shim._locks import Lock
-from te_offload_shim.integrations.targets import BUILTIN, Target, parse_user_targets
+from te_offload_shim import _watch
 
-TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start
+TYPE_CHECKING = False  # the typing module costs milliseconds at every interpreter start
 
 if TYPE_CHECKING:
     from types import ModuleType
-    from typing import Any
 
+    from te_offload_shim.engine.status import Stats, Status, TargetRow, TargetState
+    from te_offload_shim.integrations.targets import Target
     from te_offload_shim.reports.residue import ResidueReport
-    from te_offload_shim.te.caches import CacheReport
+    from te_offload_shim.te.caches import CacheReport, ShimError, Skipped
 
 __version__ = "0.2.0"
 __all__ = [
+    "CacheReport",
+    "ResidueReport",
+    "ShimError",
+    "Skipped",
+    "Stats",
+    "Status",
+    "TargetRow",
+    "TargetState",
     "clear_fp8_workspaces",
     "install",
     "installed",
@@ -34,52 +46,62 @@ __all__ = [
     "uninstall",
 ]
 
-_lock = Lock(reentrant=True)
+# The modules the entries of the built-in table (integrations/targets.py) live in. Written out so
+# that start-up does not load the table; tests/test_layout.py fails when the two disagree.
+BUILTIN_MODULES = (
+    "verl.utils.megatron_utils",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "nemo_rl.models.policy.workers.megatron_policy_worker",
+    "nemo_rl.models.policy.megatron_policy_worker",
+    "roll.distributed.strategy.megatron_strategy",
+    "areal.engine.awex.colocate_writer",
+    "areal.experimental.weight_update.awex.megatron_adapter",
+    "areal.engine.megatron_engine",
+    "slime.backends.megatron_utils.actor",
+    "miles.backends.megatron_utils.actor",
+    "swift.megatron.trainers.utils",
+    "skyrl.backends.skyrl_train.distributed.megatron.megatron_utils",
+    "skyrl_train.distributed.megatron.megatron_utils",
+    "rlinf.hybrid_engines.megatron.megatron_model_manager",
+    "chatlearn.models.megatron.memory_manager.trainer",
+    "chatlearn.models.megatron.memory_manager.inference",
+    "relax.backends.megatron.actor",
+    "relax.backends.megatron.weight_update.train_offload",
+)
+_RAY = "ray"  # ray.init gains our worker setup hook (integrations/ray.py)
+_RAY_ACTORS = "ray._private.function_manager"  # Ray's actor-class loaders (integrations/ray.py)
+
+_lock = _thread.RLock()  # reset in a forked child, below: install() must work there too
 _installed = False
-_targets: "tuple[Target, ...]" = ()
-_problems: "list[str]" = []
-_hook_errors: "list[str]" = []
+_user_targets: "tuple[Target, ...]" = ()
+_problems: list[str] = []
+_hook_errors: list[str] = []
 
 
-def _warn(key: "str", message: "str", *args: "object") -> "None":
+def _warn(key: str, message: str, *args: object) -> None:
     from te_offload_shim._log import warn_once
 
     warn_once(key, message, *args)
 
 
-def _on_hook_error(module: "str", exc: "BaseException") -> "None":
+def _on_hook_error(module: str, exc: BaseException) -> None:
     _hook_errors.append(f"{module}: {type(exc).__name__}: {exc}")
     _warn(f"hook:{module}", "te_offload_shim: patching %s failed (%s); it runs unpatched", module, repr(exc))
 
 
-def _on_import(module: "ModuleType") -> "None":
-    from te_offload_shim.engine import patch
+def _on_import(module: "ModuleType") -> None:
+    from te_offload_shim.engine.status import on_target_import
 
-    spec = getattr(module, "__spec__", None)
-    name = spec.name if spec is not None else module.__name__
-    for target in _targets:
-        if target.module != name:
-            continue
-        state = patch.apply(target, module)
-        if state.startswith("error") or (state == "absent" and target.user):
-            # A target that cannot be patched says so where the operator looks: the log, and status.
-            _warn(
-                f"unpatchable:{target.name}",
-                "te_offload_shim: %s is not patched (%s); its offload runs without clearing FP8 caches",
-                target.path,
-                state if state != "absent" else f"{name} has no attribute {target.attribute}",
-            )
+    on_target_import(module, all_targets())
 
 
-def _on_ray_import(module: "ModuleType") -> "None":
-    # ray.init gains our worker_process_setup_hook, so the job's workers on every node are covered.
+def _on_ray_import(module: "ModuleType") -> None:
     from te_offload_shim.integrations import ray
 
     ray.on_ray_import(module)
 
 
-def _on_ray_function_manager(module: "ModuleType") -> "None":
-    # A Ray actor runs by-value copies of its methods: patch them as each actor class is loaded.
+def _on_ray_actors_import(module: "ModuleType") -> None:
     from te_offload_shim.integrations import ray
 
     ray.on_function_manager_import(module)
@@ -87,44 +109,71 @@ def _on_ray_function_manager(module: "ModuleType") -> "None":
 
 def all_targets() -> "tuple[Target, ...]":
     """The built-in table plus `TE_OFFLOAD_SHIM_TARGETS`, as installed (or as they would be)."""
+    from te_offload_shim.integrations.targets import BUILTIN, parse_user_targets
+
     if _installed:
-        return _targets
-    user, _ = parse_user_targets(_switches.user_targets())
-    return (*BUILTIN, *user)
+        return (*BUILTIN, *_user_targets)
+    from te_offload_shim import _switches
+
+    return (*BUILTIN, *parse_user_targets(_switches.user_targets())[0])
 
 
-def _check_switches(targets: "tuple[Target, ...]") -> "None":
-    for problem in _switches.switch_problems(tuple(t.name for t in targets)):
-        _warn(f"switch:{problem}", "te_offload_shim: %s", problem)
+def _any_switch_set() -> bool:
+    # With no switch set, the defaults hold and `_switches` need not be loaded at start-up.
+    return any(name.startswith("TE_OFFLOAD_SHIM") for name in os.environ)
 
 
-def install() -> "bool":
+def install() -> bool:
     """Watch every target module and patch it on import (at once if already imported).
 
     Idempotent and thread-safe; never waits for another thread's import. Returns False when
     `TE_OFFLOAD_SHIM=0`."""
-    global _installed, _targets
-    if not _switches.enabled():
-        return False
+    global _installed, _user_targets
+    switches: ModuleType | None = None
+    if _any_switch_set():
+        from te_offload_shim import _switches
+
+        if not _switches.enabled():
+            return False
+        switches = _switches
     with _lock:
         if _installed:
             return True
-        user, problems = parse_user_targets(_switches.user_targets())
-        _problems[:] = problems
-        for problem in problems:
-            _warn(f"user-target:{problem}", "te_offload_shim: ignoring %s entry %s", _switches.TARGETS, problem)
-        _targets = (*BUILTIN, *user)
-        _check_switches(_targets)
-        _installed = True  # what _registry.active() reads: patches may land from here on
+        user: tuple[Target, ...] = ()
+        if switches is not None:
+            user = _read_switches(switches)
+        _user_targets = user
+        _installed = True  # what engine.registry.active() reads: patches may land from here on
         _watch.set_error_handler(_on_hook_error)
-        for module in dict.fromkeys(t.module for t in _targets):
+        for module in dict.fromkeys((*BUILTIN_MODULES, *(t.module for t in user))):
             _watch.watch(module, _on_import)
-        _watch.watch("ray", _on_ray_import)
-        _watch.watch("ray._private.function_manager", _on_ray_function_manager)
+        _watch.watch(_RAY, _on_ray_import)
+        _watch.watch(_RAY_ACTORS, _on_ray_actors_import)
     return True
 
 
-def uninstall() -> "int":
+def _read_switches(switches: "ModuleType") -> "tuple[Target, ...]":
+    """User targets from `TE_OFFLOAD_SHIM_TARGETS`, and a warning for every switch we cannot use."""
+    user: tuple[Target, ...] = ()
+    if switches.user_targets():
+        from te_offload_shim.integrations.targets import parse_user_targets
+
+        parsed, problems = parse_user_targets(switches.user_targets())
+        user = tuple(parsed)
+        _problems[:] = problems
+        for problem in problems:
+            _warn(f"user-target:{problem}", "te_offload_shim: ignoring %s entry %s", switches.TARGETS, problem)
+    names: tuple[str, ...] = ()
+    if switches.disabled_targets():  # the names it holds are checked against the table's
+        from te_offload_shim.integrations.targets import BUILTIN
+
+        names = tuple(t.name for t in (*BUILTIN, *user))
+    for problem in switches.switch_problems(names):
+        _warn(f"switch:{problem}", "te_offload_shim: %s", problem)
+    return user
+
+
+def uninstall() -> int:
     """Stop watching, disarm every wrapper wherever it sits, restore every original (module
     attributes, rebound aliases, Ray's loaders and actor method copies).
 
@@ -147,82 +196,42 @@ def uninstall() -> "int":
         return restored
 
 
-def installed() -> "bool":
+def installed() -> bool:
     return _installed
 
 
-def status() -> "dict[str, Any]":
+def status() -> "Status":
     """What this process has: switches, and for each target whether it is imported and patched."""
     if _installed:
         _watch.catch_up()
-    registry = sys.modules.get("te_offload_shim.engine.registry")
-    rows = []
-    for target in all_targets():
-        imported = target.module in sys.modules
-        state = registry.state(target.name) if registry is not None else None
-        if state is None:
-            if _switches.is_disabled(target.name):
-                state = "disabled"
-            else:
-                state = "pending" if _installed else "not installed"
-        rows.append(
-            {
-                "name": target.name,
-                "target": target.path,
-                "imported": imported,
-                "state": state,
-                "layers": _layers(target) if imported else 0,
-            }
-        )
-    return {
-        "version": __version__,
-        "enabled": _switches.enabled(),
-        "installed": _installed,
-        "strict": _switches.strict(),
-        "targets": rows,
-        "user_target_problems": list(_problems),
-        "hook_errors": list(_hook_errors),
-    }
+    from te_offload_shim.engine.status import status as status_
+
+    return status_(all_targets(), _installed, list(_problems), list(_hook_errors))
 
 
-def _layers(target: "Target") -> "int":
-    patch = sys.modules.get("te_offload_shim.engine.patch")  # loaded with the first patch; wrapt with it
-    module = sys.modules.get(target.module)
-    if patch is None or module is None:
-        return 0
-    try:
-        found = patch.owner_of(module, target.attribute)
-        return patch.shim_layers(vars(found[0])[found[1]]) if found else 0
-    except Exception:
-        return 0
-
-
-def stats() -> "dict[str, Any]":
+def stats() -> "Stats":
     """Totals so far in this process: calls, entries, bytes (and per target); `audit`: the latest
     residue report of `TE_OFFLOAD_SHIM_AUDIT` (None until one ran)."""
-    from te_offload_shim.engine import handler
+    from te_offload_shim.engine.status import stats as stats_
 
-    result = handler.stats()
-    audit = sys.modules.get("te_offload_shim.reports.audit")
-    result["audit"] = audit.latest() if audit is not None else None
-    return result
+    return stats_()
 
 
-def clear_fp8_workspaces(models: "object", *, strict: "bool | None" = None) -> "CacheReport":
+def clear_fp8_workspaces(models: object, *, strict: "bool | None" = None) -> "CacheReport":
     """Drop TE's cached FP8 weight copies in `models` now; returns what was cleared and skipped."""
     from te_offload_shim.te.caches import clear_fp8_workspaces as clear
 
     return clear(models, strict=strict)
 
 
-def scan(models: "object") -> "CacheReport":
+def scan(models: object) -> "CacheReport":
     """What `clear_fp8_workspaces(models)` would clear, changing nothing."""
     from te_offload_shim.te.caches import scan as scan_
 
     return scan_(models)
 
 
-def residue(models: "object", *, device_type: "str | None" = None) -> "ResidueReport":
+def residue(models: object, *, device_type: "str | None" = None) -> "ResidueReport":
     """What `models` still hold on a device (any but the CPU, or exactly `device_type`), by
     category, each storage once; with the process's allocator and driver numbers. Changes nothing."""
     from te_offload_shim.reports.residue import residue as residue_
@@ -230,7 +239,7 @@ def residue(models: "object", *, device_type: "str | None" = None) -> "ResidueRe
     return residue_(models, device_type=device_type)
 
 
-def ray_setup() -> "None":
+def ray_setup() -> None:
     """For `runtime_env={"worker_process_setup_hook": "te_offload_shim.ray_setup"}`. Never raises:
     a raising setup hook kills the Ray worker."""
     try:
@@ -242,5 +251,34 @@ def ray_setup() -> "None":
             pass
 
 
-if _switches.enabled():
-    install()
+_EXPORTED_TYPES = {
+    "CacheReport": "te_offload_shim.te.caches",
+    "Skipped": "te_offload_shim.te.caches",
+    "ShimError": "te_offload_shim.te.caches",
+    "ResidueReport": "te_offload_shim.reports.residue",
+    "Status": "te_offload_shim.engine.status",
+    "Stats": "te_offload_shim.engine.status",
+    "TargetRow": "te_offload_shim.engine.status",
+    "TargetState": "te_offload_shim.engine.status",
+}
+
+
+def __getattr__(name: str) -> object:
+    # The report types load with their modules, on first use: not at start-up.
+    module = _EXPORTED_TYPES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'te_offload_shim' has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(module), name)
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = _thread.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX only; Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+install()

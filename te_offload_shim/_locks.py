@@ -5,19 +5,21 @@ child, it is held forever, and the child hangs at its next offload or import. Ev
 package is made here, and each is replaced by a fresh one in the child (the same thing CPython
 does for its own import and logging locks). Whatever that lock guarded may be half-updated in the
 child; every guarded structure tolerates that (a registry entry is recorded before it takes effect).
-Standard library only: imported at `import te_offload_shim`.
+The two start-up modules (`__init__`, `_watch`) are not allowed the cost of importing this one:
+each resets its own lock the same way.
 """
+
+from __future__ import annotations
 
 import _thread
 import os
-
-TYPE_CHECKING = False
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-_all: "list[Lock]" = []
+_all: list[Lock] = []
 
 
 class Lock:
@@ -25,19 +27,19 @@ class Lock:
 
     __slots__ = ("_factory", "_lock")
 
-    def __init__(self, reentrant: "bool" = False) -> "None":
+    def __init__(self, reentrant: bool = False) -> None:
         self._factory: Callable[[], Any] = _thread.RLock if reentrant else _thread.allocate_lock
         self._lock = self._factory()
         _all.append(self)
 
-    def __enter__(self) -> "bool":
+    def __enter__(self) -> bool:
         return self._lock.__enter__()
 
-    def __exit__(self, *exc: "Any") -> "None":
+    def __exit__(self, *exc: Any) -> None:
         self._lock.__exit__(*exc)
 
 
-def _after_fork_in_child() -> "None":
+def _after_fork_in_child() -> None:
     for lock in _all:
         lock._lock = lock._factory()
 

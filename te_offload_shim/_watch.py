@@ -23,9 +23,8 @@ import a target. What it promises, and how:
 import _frozen_importlib as _bootstrap  # importlib._bootstrap, loaded in every interpreter (even under -S)
 import _thread
 import _weakref
+import os
 import sys
-
-from te_offload_shim._locks import Lock
 
 TYPE_CHECKING = False
 
@@ -38,7 +37,9 @@ if TYPE_CHECKING:
 
 _callbacks: "dict[str, list[Callback]]" = {}
 _fired: "dict[str, Any]" = {}  # name -> weak reference to the module object the callbacks ran for
-_lock = Lock(reentrant=True)
+# Not a `_locks.Lock`: this module is on the start-up path, where every module imported costs about
+# 0.2 ms. The same rule holds: a forked child gets a fresh lock (see `_locks`).
+_lock = _thread.RLock()
 _on_error: "Callable[[str, BaseException], None] | None" = None
 _ModuleSpec = _bootstrap.ModuleSpec
 # Callbacks running on this thread: a callback that imports (the patcher loads wrapt) can make
@@ -46,12 +47,12 @@ _ModuleSpec = _bootstrap.ModuleSpec
 _local = _thread._local()
 
 
-def set_error_handler(handler: "Callable[[str, BaseException], None]") -> "None":
+def set_error_handler(handler: "Callable[[str, BaseException], None]") -> None:
     global _on_error
     _on_error = handler
 
 
-def _report(name: "str", exc: "BaseException") -> "None":
+def _report(name: str, exc: BaseException) -> None:
     if _on_error is not None:
         try:
             _on_error(name, exc)
@@ -59,7 +60,7 @@ def _report(name: "str", exc: "BaseException") -> "None":
             pass
 
 
-def namespace(module: "object") -> "dict[str, Any] | None":
+def namespace(module: object) -> "dict[str, Any] | None":
     """A loaded module's namespace, read without running any of its code.
 
     A module loaded with `importlib.util.LazyLoader` executes on its first attribute access, and
@@ -75,7 +76,7 @@ def namespace(module: "object") -> "dict[str, Any] | None":
     return d if type(d) is dict else None
 
 
-def _module_state(module: "object") -> "tuple[dict | None, bool]":
+def _module_state(module: object) -> tuple[dict | None, bool]:
     """(namespace, still executing) of a module in sys.modules, read without running its code."""
     d = namespace(module)
     if d is None:
@@ -86,7 +87,7 @@ def _module_state(module: "object") -> "tuple[dict | None, bool]":
         return None, False
 
 
-def _fire(name: "str", module: "ModuleType") -> "None":
+def _fire(name: str, module: "ModuleType") -> None:
     if getattr(_local, "firing", False):
         return  # inside a callback on this thread: it comes due, and runs when that one is done
     with _lock:
@@ -98,7 +99,7 @@ def _fire(name: "str", module: "ModuleType") -> "None":
     _run(name, module, callbacks)
 
 
-def _run(name: "str", module: "ModuleType", callbacks: "list[Callback]") -> "None":
+def _run(name: str, module: "ModuleType", callbacks: "list[Callback]") -> None:
     _local.firing = True
     try:
         for callback in callbacks:
@@ -111,12 +112,12 @@ def _run(name: "str", module: "ModuleType", callbacks: "list[Callback]") -> "Non
     _sweep(fire=True)  # what came due meanwhile
 
 
-def _fired_for(name: "str", module: "object") -> "bool":
+def _fired_for(name: str, module: object) -> bool:
     ref = _fired.get(name)
     return ref is not None and ref() is module
 
 
-def _finished(name: "str") -> "None":
+def _finished(name: str) -> None:
     """Run the callbacks for `name` if it is loaded, finished, and they have not run for it."""
     module = sys.modules.get(name)
     if module is None or _fired_for(name, module) or name not in _callbacks:
@@ -130,7 +131,7 @@ def _finished(name: "str") -> "None":
     _fire(name, module)
 
 
-def _sweep(fire: "bool") -> "bool":
+def _sweep(fire: bool) -> bool:
     """The fallback: watched modules that are loading or loaded without our loader seeing them.
 
     One still executing gets its spec tagged (its callbacks run when it finishes). One finished is
@@ -164,11 +165,11 @@ class _SpecWatch(_ModuleSpec):  # type: ignore[valid-type,misc]
     waiting for anyone. The spec gets its own class back right then."""
 
     @property
-    def _initializing(self) -> "bool":
+    def _initializing(self) -> bool:
         return bool(self.__dict__.get("_initializing", False))
 
     @_initializing.setter
-    def _initializing(self, value: "bool") -> "None":
+    def _initializing(self, value: bool) -> None:
         self.__dict__["_initializing"] = value
         if value:
             return
@@ -182,7 +183,7 @@ class _SpecWatch(_ModuleSpec):  # type: ignore[valid-type,misc]
             _report(self.name, exc)
 
 
-def _notify_when_done(spec: "object") -> "None":
+def _notify_when_done(spec: object) -> None:
     if type(spec) is _ModuleSpec:  # a finder's own spec subclass is left alone: the sweep covers it
         try:
             spec.__class__ = _SpecWatch
@@ -193,18 +194,18 @@ def _notify_when_done(spec: "object") -> "None":
 class _ChainedLoader:
     """Runs the real loader, then the callbacks; hands the real loader back to the module."""
 
-    def __init__(self, loader: "Any", name: "str") -> "None":
+    def __init__(self, loader: "Any", name: str) -> None:
         self._loader = loader
         self._name = name
 
-    def __getattr__(self, name: "str") -> "object":
+    def __getattr__(self, name: str) -> object:
         return getattr(self._loader, name)
 
-    def create_module(self, spec: "object") -> "ModuleType | None":
+    def create_module(self, spec: object) -> "ModuleType | None":
         create = getattr(self._loader, "create_module", None)
         return create(spec) if create is not None else None
 
-    def exec_module(self, module: "ModuleType") -> "None":
+    def exec_module(self, module: "ModuleType") -> None:
         # Nothing after this point should see our proxy (pkgutil, importlib.resources, a reload).
         try:
             module.__loader__ = self._loader
@@ -224,16 +225,16 @@ class _ChainedLegacyLoader:
     """The same for a loader that only has `load_module` (no `exec_module` here, on purpose: the
     import system picks the protocol by looking for it)."""
 
-    def __init__(self, loader: "Any", name: "str") -> "None":
+    def __init__(self, loader: "Any", name: str) -> None:
         self._loader = loader
         self._name = name
 
-    def __getattr__(self, name: "str") -> "object":
+    def __getattr__(self, name: str) -> object:
         if name == "exec_module":
             raise AttributeError(name)
         return getattr(self._loader, name)
 
-    def load_module(self, fullname: "str") -> "ModuleType":
+    def load_module(self, fullname: str) -> "ModuleType":
         module = self._loader.load_module(fullname)
         _fire(self._name, module)
         return module
@@ -242,10 +243,10 @@ class _ChainedLegacyLoader:
 class _Finder:
     """A meta path finder that only ever answers for watched names, by asking the others."""
 
-    def __init__(self) -> "None":
+    def __init__(self) -> None:
         self._searching = _thread._local()
 
-    def find_spec(self, fullname: "str", path: "Any" = None, target: "Any" = None) -> "Any":
+    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
         if not _callbacks:
             return None
         meta_path = sys.meta_path
@@ -276,14 +277,14 @@ class _Finder:
             spec.loader = _ChainedLegacyLoader(loader, fullname)
         return spec
 
-    def invalidate_caches(self) -> "None":
+    def invalidate_caches(self) -> None:
         pass
 
 
 _finder = _Finder()
 
 
-def _to_front() -> "None":
+def _to_front() -> None:
     # A new list, not an edit: an import on another thread may be iterating the old one.
     with _lock:
         if not _callbacks:
@@ -291,7 +292,7 @@ def _to_front() -> "None":
         sys.meta_path = [_finder, *(f for f in sys.meta_path if f is not _finder)]
 
 
-def watch(name: "str", callback: "Callback") -> "None":
+def watch(name: str, callback: "Callback") -> None:
     """Call `callback(module)` after `name` is imported, and at once if it already is (or when it
     finishes, if its import is running now). Never waits, never imports."""
     with _lock:
@@ -319,14 +320,23 @@ def watch(name: "str", callback: "Callback") -> "None":
     _run(name, module, [callback])
 
 
-def catch_up() -> "None":
+def catch_up() -> None:
     """Run the callbacks of any watched module that finished loading unseen (status() calls it)."""
     _sweep(fire=True)
 
 
-def unwatch_all() -> "None":
+def unwatch_all() -> None:
     """Drop every callback and take the finder off the meta path."""
     with _lock:
         _callbacks.clear()
         _fired.clear()
         sys.meta_path = [f for f in sys.meta_path if f is not _finder]
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = _thread.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX only; Windows has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -92,6 +92,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
             module = row["target"].partition(":")[0]
             row["imported"] = live[row["name"]]["imported"]
             row["state"] = live[row["name"]]["state"]
+            row["detail"] = live[row["name"]]["detail"]
             row["layers"] = live[row["name"]]["layers"]
             row["import_error"] = import_errors.get(module)
     shim = te_offload_shim.status()
@@ -140,8 +141,8 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
     problems.extend(f"patching failed: {e}" for e in report["hook_errors"])
     for row in report["targets"]:
         state = row.get("state") or ""
-        if state.startswith("error"):
-            problems.append(f"{row['name']}: {state}")
+        if state == "error":
+            problems.append(f"{row['name']}: error: {row.get('detail', '')}")
         elif state == "absent" and row.get("user") and row.get("imported"):
             module, _, attribute = row["target"].partition(":")
             problems.append(f"{row['name']}: {module} has no attribute {attribute} (misspelt in {_switches.TARGETS}?)")

@@ -26,7 +26,7 @@ BOOTSTRAP = REPO / "te_offload_shim" / "activation" / "bootstrap"
 UNFIXED_VERL = ("0.7.1", "0.8.0")
 FIXED_VERL = ("0.9.1",)
 
-CHILD = "TE_OFFLOAD_SHIM_TEST_CHILD"  # set to the node id in the child that runs it
+CHILD = "TEST_SUBPROCESS_NODEID"  # set to the node id in the child that runs it
 
 
 def pytest_configure(config: pytest.Config) -> None:

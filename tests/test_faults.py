@@ -46,7 +46,9 @@ import faulty
 from te_offload_shim.engine.patch import shim_layers
 st = te_offload_shim.status()
 rows = {r["name"]: r for r in st["targets"]}
-emit(imported=True, states={k: rows[k]["state"] for k in rows if k.startswith("faulty")},
+def said(row):
+    return row["state"] + (": " + row["detail"] if row["detail"] else "")
+emit(imported=True, states={k: said(rows[k]) for k in rows if k.startswith("faulty")},
      hook_errors=st["hook_errors"], weird=faulty.weird("m"), fine_layers=shim_layers(faulty.fine),
      fine=faulty.fine("m"))
 """

@@ -369,7 +369,7 @@ def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
     _offload.reset_stats()
     try:
         _offload._record(SimpleNamespace(name="user", path="mod:offload"), report)  # type: ignore[arg-type]
-        assert _offload.stats()["primary_weight_bytes"] == 4096
+        assert _offload.totals()["primary_weight_bytes"] == 4096
     finally:
         _offload.reset_stats()
     assert {"primary_weight_params", "primary_weight_bytes", "primary_weight_where"} <= set(report.as_dict())

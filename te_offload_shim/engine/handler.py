@@ -42,7 +42,8 @@ _by_target: dict[str, dict[str, int]] = {}
 _announced = False
 
 
-def stats() -> dict[str, Any]:
+def totals() -> dict[str, Any]:
+    """The counters of every wrapped call so far (engine.status.stats() adds the latest audit)."""
     with _lock:
         result = dict(_totals)
         result["by_target"] = {k: dict(v) for k, v in _by_target.items()}

@@ -17,6 +17,7 @@ from te_offload_shim.engine.wrapper import ShimWrapper, armed_layers, is_ours, s
 from te_offload_shim.integrations.ray import remote_user_class
 
 if TYPE_CHECKING:
+    from te_offload_shim.engine.status import TargetState
     from te_offload_shim.integrations.targets import Target
 
 __all__ = ["apply", "owner_of", "shim_layers"]
@@ -50,40 +51,41 @@ def kind_of(owner: Any, raw: Any) -> str:
     return "method" if isinstance(owner, type) else "function"
 
 
-def apply(target: Target, module: ModuleType) -> str:
-    """Patch `target` in the freshly imported `module`; returns the state recorded for it."""
+def apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
+    """Patch `target` in the freshly imported `module`; returns the state recorded for it, and for
+    an error, why."""
     try:
         with registry.lock:  # one decision per attribute, however many threads import at once
-            state = _apply(target, module)
+            state, detail = _apply(target, module)
     except Exception as exc:
-        state = f"error: {type(exc).__name__}: {exc}"
-    registry.set_state(target.name, state)
-    return state
+        state, detail = "error", f"{type(exc).__name__}: {exc}"
+    registry.set_state(target.name, state, detail)
+    return state, detail
 
 
-def _apply(target: Target, module: ModuleType) -> str:
+def _apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
     if _switches.is_disabled(target.name):
-        return "disabled"
+        return "disabled", ""
     if target.fixed_upstream is not None and target.fixed_upstream(module):
-        return "fixed upstream"
+        return "fixed upstream", ""
     found = owner_of(module, target.attribute)
     if found is None:
-        return "absent"
+        return "absent", ""
     owner, name = found
     raw = vars(owner)[name]
     if armed_layers(raw):
-        return "patched"
+        return "patched", ""
     if is_ours(raw):  # a disarmed wrapper of an earlier install: patch what it wraps
         raw = raw.__wrapped__
     kind = kind_of(owner, raw)
     function = raw.__func__ if kind in ("staticmethod", "classmethod") else raw
     if not callable(function):
-        return f"error: {target.attribute} is a {type(raw).__name__}, not callable"
+        return "error", f"{target.attribute} is a {type(raw).__name__}, not callable"
     signature = inspect.signature(function)
     takes_self = kind in ("method", "classmethod")
     if target.where.parameter(list(signature.parameters), takes_self) is None:
         spec = target.where.text or target.where.root
-        return f"error: models spec {spec!r} names no parameter of {target.attribute}{signature}"
+        return "error", f"models spec {spec!r} names no parameter of {target.attribute}{signature}"
     ref = (owner.__module__, f"{owner.__qualname__}.{name}") if isinstance(owner, type) else (module.__name__, name)
     record = registry.Record(KIND, owner, name, raw, target=target.name, aliases=not isinstance(owner, type))
     wrapper = ShimWrapper(raw, make_handler(target, signature, kind, record), record, ref)
@@ -94,5 +96,5 @@ def _apply(target: Target, module: ModuleType) -> str:
             registry.rebind(raw, wrapper)
 
     if not registry.add(record, wrapper, put_in_place):
-        return "not installed"
-    return "patched"
+        return "not installed", ""
+    return "patched", ""

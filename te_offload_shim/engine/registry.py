@@ -10,21 +10,24 @@ us, a copy we never saw) reads its record's `armed` flag at every call and then 
 Standard library only.
 """
 
+from __future__ import annotations
+
 import sys
+from typing import TYPE_CHECKING
 
 from te_offload_shim._locks import Lock
 from te_offload_shim._watch import namespace
-
-TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import Any
 
+    from te_offload_shim.engine.status import TargetState
+
 _lock = Lock(reentrant=True)
 lock = _lock  # held across a whole patch: check, record, put in place
-_records: "list[Record]" = []
-_states: "dict[str, str]" = {}
+_records: list[Record] = []
+_states: dict[str, tuple[TargetState, str]] = {}
 
 
 class Record:
@@ -36,8 +39,8 @@ class Record:
     __slots__ = ("aliases", "armed", "kind", "name", "original", "owner", "replacement", "target")
 
     def __init__(
-        self, kind: "str", owner: "Any", name: "str", original: "Any", *, target: "str | None" = None, aliases=False
-    ) -> "None":
+        self, kind: str, owner: Any, name: str, original: Any, *, target: str | None = None, aliases=False
+    ) -> None:
         self.kind = kind
         self.owner = owner
         self.name = name
@@ -47,14 +50,14 @@ class Record:
         self.aliases = aliases
         self.armed = True
 
-    def in_place(self) -> "bool":
+    def in_place(self) -> bool:
         """Whether the owner still holds our replacement (nothing replaced it since)."""
         try:
             return vars(self.owner).get(self.name) is self.replacement
         except TypeError:
             return False
 
-    def restore(self) -> "bool":
+    def restore(self) -> bool:
         """Put the original back where our replacement still sits; True if the owner had it."""
         restored = False
         if self.in_place():
@@ -64,11 +67,11 @@ class Record:
             rebind(self.replacement, self.original)
         return restored
 
-    def __repr__(self) -> "str":
+    def __repr__(self) -> str:
         return f"Record({self.kind!r}, {self.name!r}, target={self.target!r}, armed={self.armed})"
 
 
-def rebind(old: "object", new: "object") -> "int":
+def rebind(old: object, new: object) -> int:
     """Point every module global that holds `old` at `new`; returns how many.
 
     Patching: `from X import f` made before the patch holds the original. Unpatching: one made
@@ -88,7 +91,7 @@ def rebind(old: "object", new: "object") -> "int":
     return count
 
 
-def active() -> "bool":
+def active() -> bool:
     """Whether the shim is installed. Read from the package rather than kept here, so that this
     module is imported with the first patch, not at every interpreter start: `uninstall()` clears
     the flag first, then takes this lock in `deactivate()`, so a patch either lands before and is
@@ -96,7 +99,7 @@ def active() -> "bool":
     return bool(getattr(sys.modules.get("te_offload_shim"), "_installed", False))
 
 
-def add(record: "Record", replacement: "Any", apply: "Callable[[], None]") -> "bool":
+def add(record: Record, replacement: Any, apply: Callable[[], None]) -> bool:
     """Record `record`, then run `apply` (which puts `replacement` in place), under the registry
     lock; False (and nothing done) once the shim is uninstalled, so no patch lands after that."""
     with _lock:
@@ -108,22 +111,22 @@ def add(record: "Record", replacement: "Any", apply: "Callable[[], None]") -> "b
         return True
 
 
-def records(kind: "str | None" = None) -> "list[Record]":
+def records(kind: str | None = None) -> list[Record]:
     with _lock:
         return [r for r in _records if kind is None or r.kind == kind]
 
 
-def set_state(target: "str", state: "str") -> "None":
+def set_state(target: str, state: TargetState, detail: str = "") -> None:
     with _lock:
-        _states[target] = state
+        _states[target] = (state, detail)
 
 
-def state(target: "str") -> "str | None":
+def state(target: str) -> tuple[TargetState, str] | None:
     with _lock:
         return _states.get(target)
 
 
-def deactivate() -> "tuple[int, list[str]]":
+def deactivate() -> tuple[int, list[str]]:
     """Disarm every record, then undo each (newest first). Returns (attributes restored, errors):
     one patch that cannot be undone does not keep the others in place."""
     with _lock:
@@ -142,7 +145,7 @@ def deactivate() -> "tuple[int, list[str]]":
     return restored, errors
 
 
-def iter_armed(kind: "str") -> "Iterator[Record]":
+def iter_armed(kind: str) -> Iterator[Record]:
     with _lock:
         found = [r for r in _records if r.kind == kind and r.armed]
     yield from found

@@ -29,8 +29,10 @@ def test_a_target_that_cannot_be_patched_warns_once_on_import(caplog: pytest.Log
     assert len(warnings) == 2, warnings
     assert any("shim_targets:offload" in w and "names no parameter" in w for w in warnings)
     assert any("shim_targets:ofload" in w and "has no attribute ofload" in w for w in warnings)
-    states = {r["name"]: r["state"] for r in te_offload_shim.status()["targets"]}
-    assert states["shim_targets:offload"].startswith("error: models spec 'model'")
+    rows = {r["name"]: r for r in te_offload_shim.status()["targets"]}
+    assert rows["shim_targets:offload"]["state"] == "error"
+    assert rows["shim_targets:offload"]["detail"].startswith("models spec 'model'")
+    states = {name: row["state"] for name, row in rows.items()}
     assert states["shim_targets:ofload"] == "absent"
 
 
