@@ -8,8 +8,8 @@ target's import. A long run must not drown in repeated warnings either.
 from __future__ import annotations
 
 import logging
-import os
 
+from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 
 logger = logging.getLogger("te_offload_shim")
@@ -42,11 +42,11 @@ def first_line_level() -> int:
     per job, not once per rank) and INFO, unseen, on the other ranks."""
     if logger.isEnabledFor(logging.INFO):
         return logging.INFO
-    return logging.WARNING if os.environ.get("RANK", "0").strip() in ("", "0") else logging.INFO
+    return logging.WARNING if _switches.rank() in (None, "0") else logging.INFO
 
 
 def rank_prefix() -> str:
-    rank = os.environ.get("RANK")
+    rank = _switches.rank()
     return f"[rank {rank}] " if rank else ""
 
 

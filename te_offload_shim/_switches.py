@@ -89,3 +89,10 @@ def switch_problems(names: "tuple[str, ...]") -> "list[str]":
 
 def user_targets() -> "str":
     return os.environ.get(TARGETS, "")
+
+
+def rank() -> "str | None":
+    """The process's rank as the launcher set it (torchrun, Slurm via torchrun, Ray's verl workers):
+    `RANK`, or None outside a distributed job."""
+    value = os.environ.get("RANK", "").strip()
+    return value or None

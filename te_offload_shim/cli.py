@@ -61,20 +61,32 @@ def _run(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - execvpe does not return
 
 
-def _import_targets(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """Import each present target module, so that the shim patches it in this process."""
+def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """Import each present target module, so that the shim patches it in this process.
+
+    Returns the import errors, and what the imports printed or warned (megatron and its friends say
+    a lot): held back and shown after the report, not ahead of it."""
+    import contextlib
     import importlib
+    import io
+    import warnings
 
     errors: dict[str, str] = {}
-    for row in rows:
-        module = row["target"].partition(":")[0]
-        if not row["present"] or module in errors:
-            continue
-        try:
-            importlib.import_module(module)
-        except Exception as exc:
-            errors[module] = f"{type(exc).__name__}: {exc}"
-    return errors
+    said = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(said):
+        warnings.simplefilter("default")  # each warning once per place, as Python shows them
+        with contextlib.redirect_stderr(said):
+            for row in rows:
+                module = row["target"].partition(":")[0]
+                if not row["present"] or module in errors:
+                    continue
+                try:
+                    importlib.import_module(module)
+                except Exception as exc:
+                    errors[module] = f"{type(exc).__name__}: {exc}"
+    lines = [line for line in said.getvalue().splitlines() if line.strip()]
+    lines += [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
+    return errors, list(dict.fromkeys(lines))
 
 
 def collect(do_import: bool = False) -> dict[str, Any]:
@@ -85,7 +97,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     enabled = _switches.enabled()
     targets = te_offload_shim.all_targets()
     rows = [versions.target_row(t, enabled) for t in targets]
-    import_errors = _import_targets(rows) if do_import else {}
+    import_errors, import_output = _import_targets(rows) if do_import else ({}, [])
     if do_import:
         live = {r["name"]: r for r in te_offload_shim.status()["targets"]}
         for row in rows:
@@ -113,6 +125,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         "user_target_problems": shim["user_target_problems"],
         "hook_errors": shim["hook_errors"],
         "imported": do_import,
+        "import_output": import_output,  # what importing the targets printed or warned (--import)
         # TE_OFFLOAD_SHIM_AUDIT: the latest residue report of this process (None until an offload ran here)
         "audit": {"enabled": _switches.audit(), "latest": te_offload_shim.stats()["audit"]},
     }
@@ -159,6 +172,9 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
     return problems, warnings
 
 
+_IMPORT_LINES = 20
+
+
 def _yes(value: object) -> str:
     return {True: "yes", False: "no", None: "unknown"}.get(value, str(value))  # type: ignore[call-overload]
 
@@ -200,6 +216,13 @@ def _print_report(report: dict[str, Any]) -> None:
     print(f"  in force here:             {routes['in_force']}")
     for warning in report["warnings"]:
         print(f"warning: {warning}")
+    if report["import_output"]:
+        shown = report["import_output"][:_IMPORT_LINES]
+        print(f"what importing the targets printed or warned ({len(report['import_output'])} lines):")
+        for line in shown:
+            print(f"  | {line[:200]}")
+        if len(report["import_output"]) > len(shown):
+            print("  | ... (all of it: --json, key import_output)")
     print("healthy" if report["healthy"] else "UNHEALTHY: " + "; ".join(report["problems"]))
 
 
