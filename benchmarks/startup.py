@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from te_offload_shim.activation import pth as _activation  # noqa: E402
+from te_offload_shim.activation import pth  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit  # noqa: E402
@@ -43,7 +43,7 @@ def make_venv(root: Path, *, shim_pth: bool) -> Path:
     ).stdout.strip()
     Path(site, "checkout.pth").write_text(f"{REPO}\n")
     if shim_pth:
-        _activation.enable(site)
+        pth.enable(site)
     return python
 
 

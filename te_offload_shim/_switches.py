@@ -20,7 +20,7 @@ AUDIT = "TE_OFFLOAD_SHIM_AUDIT"
 ALL_SWITCHES = (ENABLE, STRICT, DISABLE, TARGETS, FORCE_CUDA_GRAPHS, AUDIT)
 
 
-def _flag(name: "str", default: "bool") -> "bool":
+def _flag(name: str, default: bool) -> bool:
     value = os.environ.get(name, "").strip().lower()
     if value in _TRUE:
         return True
@@ -29,49 +29,49 @@ def _flag(name: "str", default: "bool") -> "bool":
     return default
 
 
-def enabled() -> "bool":
+def enabled() -> bool:
     """False when TE_OFFLOAD_SHIM=0: the whole package becomes a no-op."""
     return _flag(ENABLE, True)
 
 
-def strict() -> "bool":
+def strict() -> bool:
     """True when TE_OFFLOAD_SHIM_STRICT=1: the shim's own errors raise instead of warning."""
     return _flag(STRICT, False)
 
 
-def force_with_cuda_graphs() -> "bool":
+def force_with_cuda_graphs() -> bool:
     """True when the user states their CUDA graphs are re-captured after an offload."""
     return _flag(FORCE_CUDA_GRAPHS, False)
 
 
-def audit() -> "bool":
+def audit() -> bool:
     """True when TE_OFFLOAD_SHIM_AUDIT is on (1/true/yes/on, or a device type): after each wrapped
     offload, report what is still on the device."""
     value = os.environ.get(AUDIT, "").strip().lower()
     return bool(value) and value not in _FALSE
 
 
-def audit_device_type() -> "str | None":
+def audit_device_type() -> str | None:
     """The device type the audit counts: None (any device but the CPU) for 1/true/yes/on, else the
     value itself (`cuda`, or `cpu` to see the audit work on a machine without an accelerator)."""
     value = os.environ.get(AUDIT, "").strip().lower()
     return None if value in _TRUE or value in _FALSE or not value else value
 
 
-def disabled_targets() -> "frozenset[str]":
+def disabled_targets() -> frozenset[str]:
     """Target names switched off by TE_OFFLOAD_SHIM_DISABLE (`*` switches off every target)."""
     raw = os.environ.get(DISABLE, "")
     return frozenset(part.strip() for part in raw.split(",") if part.strip())
 
 
-def is_disabled(name: "str") -> "bool":
+def is_disabled(name: str) -> bool:
     """A name also switches off its variants: `nemo-rl` covers `nemo-rl-0.5` and `nemo-rl-0.3`,
     `areal` covers `areal-awex`, `roll` covers `roll-train`."""
     off = disabled_targets()
     return "*" in off or name in off or any(name.startswith(f"{d}-") for d in off)
 
 
-def switch_problems(names: "tuple[str, ...]") -> "list[str]":
+def switch_problems(names: tuple[str, ...]) -> list[str]:
     """What is wrong with the switches as set: values we do not understand, and names in
     TE_OFFLOAD_SHIM_DISABLE that match no target (a misspelt name would disable nothing)."""
     problems = []
@@ -87,11 +87,11 @@ def switch_problems(names: "tuple[str, ...]") -> "list[str]":
     return problems
 
 
-def user_targets() -> "str":
+def user_targets() -> str:
     return os.environ.get(TARGETS, "")
 
 
-def rank() -> "str | None":
+def rank() -> str | None:
     """The process's rank as the launcher set it (torchrun, Slurm via torchrun, Ray's verl workers):
     `RANK`, or None outside a distributed job."""
     value = os.environ.get("RANK", "").strip()
