@@ -122,7 +122,9 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         "targets": rows,
         "routes": pth.routes(),
         "switches": {name: os.environ[name] for name in _switches.ALL_SWITCHES if name in os.environ},
+        "disabled_by": _disabled_by([t.name for t in targets]),
         "user_target_problems": shim["user_target_problems"],
+        "declaration_problems": [p for t in targets for p in versions.declaration_problems(t)],
         "hook_errors": shim["hook_errors"],
         "imported": do_import,
         "import_output": import_output,  # what importing the targets printed or warned (--import)
@@ -137,6 +139,19 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     return report
 
 
+def _disabled_by(names: list[str]) -> dict[str, list[str]]:
+    """Each TE_OFFLOAD_SHIM_DISABLE value and the targets it switches off: a name also switches off
+    its `name-*` variants (`nemo-rl` covers `nemo-rl-0.5`; `skyrl` covers `skyrl-train`), which
+    `status` shows rather than leaving to be guessed. Only targets that _switches.is_disabled really
+    switches off are listed; which value covers which repeats its `name-*` rule (a helper there would
+    let both share it)."""
+    off = [n for n in names if _switches.is_disabled(n)]
+    return {
+        value: [n for n in off if value == "*" or n == value or n.startswith(f"{value}-")]
+        for value in sorted(_switches.disabled_targets())
+    }
+
+
 def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
     from te_offload_shim.integrations import versions
 
@@ -148,8 +163,8 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
     if "*" in _switches.disabled_targets():
         warnings.append(f"every target is switched off by {_switches.DISABLE}=*: nothing is patched")
     if not versions.wrapt_ok(report["versions"]["wrapt"]):
-        wanted = ".".join(map(str, versions.WRAPT_MIN))
-        problems.append(f"wrapt >= {wanted} is needed to patch, found {report['versions']['wrapt']}")
+        problems.append(f"wrapt {versions.WRAPT_NEEDED} is needed to patch, found {report['versions']['wrapt']}")
+    problems.extend(report["declaration_problems"])
     problems.extend(f"{_switches.TARGETS}: {p}" for p in report["user_target_problems"])
     problems.extend(f"patching failed: {e}" for e in report["hook_errors"])
     for row in report["targets"]:
@@ -165,6 +180,8 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
             warnings.append(f"{row['name']}: import failed: {row['import_error']}")
         if report["imported"] and row["would_be_patched"] and row.get("imported") and state != "patched":
             warnings.append(f"{row['name']}: expected to be patched, state is {state!r}")
+        if row["in_supported"] is False and row["would_be_patched"]:
+            warnings.append(f"{row['name']}: {row['in_supported_basis']}: a release this entry was not checked on")
     routes = report["routes"]
     stale = [p["path"] for p in routes["pth"] if not p["current"]]
     if stale:
@@ -179,6 +196,19 @@ def _yes(value: object) -> str:
     return {True: "yes", False: "no", None: "unknown"}.get(value, str(value))  # type: ignore[call-overload]
 
 
+def _supported(row: dict[str, Any]) -> str:
+    """`yes (>=0.4.0)`: whether the installed release is one the entry declares, and the declaration."""
+    if not row["present"] or not row["distribution"]:  # a TE_OFFLOAD_SHIM_TARGETS entry declares no releases
+        return "-"
+    declared = row["supported"] or "no release"
+    return f"{_yes(row['in_supported'])} ({declared})"
+
+
+def _fixed(row: dict[str, Any]) -> str:
+    answer = _yes(row["fixed_upstream"])
+    return f"{answer} (from {row['fixed_in']})" if row["fixed_in"] and row["present"] else answer
+
+
 def _print_report(report: dict[str, Any]) -> None:
     shim = report["shim"]
     print(f"te-offload-shim {shim['version']} ({shim['path']})")
@@ -189,13 +219,13 @@ def _print_report(report: dict[str, Any]) -> None:
         if name != "python":
             print(f"  {name:<20} {value or '-'}")
     print("targets:")
-    header = ["target", "present", "version", "fixed upstream", "would be patched", "disabled"]
+    header = ["target", "present", "version", "supported", "fixed upstream", "would be patched", "disabled"]
     if report["imported"]:
         header += ["state", "layers"]
     table = [header]
     for row in report["targets"]:
-        cells = [row["name"], _yes(row["present"]), row["version"] or "-", _yes(row["fixed_upstream"])]
-        cells += [_yes(row["would_be_patched"]), _yes(row["disabled"])]
+        cells = [row["name"], _yes(row["present"]), row["version"] or "-", _supported(row)]
+        cells += [_fixed(row), _yes(row["would_be_patched"]), _yes(row["disabled"])]
         if report["imported"]:
             cells += [str(row["state"]), str(row["layers"])]
         table.append(cells)
@@ -213,6 +243,9 @@ def _print_report(report: dict[str, Any]) -> None:
     print(f"  ray.init setup hook:       {routes['ray_init_propagation']}")
     switches = ", ".join(f"{k}={v}" for k, v in report["switches"].items())
     print(f"  switches:                  {switches or 'none set'}")
+    for value, names in report["disabled_by"].items():
+        variants = " (its name-* variants included)" if len(names) > 1 and value != "*" else ""
+        print(f"  {_switches.DISABLE}={value} switches off: {', '.join(names) or 'no target'}{variants}")
     print(f"  in force here:             {routes['in_force']}")
     for warning in report["warnings"]:
         print(f"warning: {warning}")

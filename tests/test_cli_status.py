@@ -17,8 +17,8 @@ CLI = Path(sys.executable).with_name("te-offload-shim")
 
 def _status(*flags: str, verl: str | None = None, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON", "VERL_"))}
-    if verl is not None:
-        full["PYTHONPATH"] = str(verl_path(verl))
+    # This checkout first: the console script would otherwise import the installed (editable) copy.
+    full["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([str(verl_path(verl))] if verl is not None else []))
     full.update(env or {})
     proc = subprocess.run(
         [str(CLI), "status", "--json", *flags], capture_output=True, text=True, env=full, timeout=180, cwd=REPO
@@ -53,6 +53,8 @@ def test_status_reads_versions_without_importing_anything() -> None:
     verl = rows["verl"]
     assert verl["present"] is True and verl["version"] == "0.8.0" and verl["fixed_upstream"] is False
     assert verl["fixed_upstream_basis"] == "verl 0.8.0 < 0.9.0 (by version)"
+    assert (verl["supported"], verl["in_supported"], verl["fixed_in"]) == (">=0.4.0", True, "0.9.0")
+    assert s["declaration_problems"] == []
     assert verl["would_be_patched"] is True and verl["disabled"] is False
     mcore = rows["megatron-core"]
     assert mcore["present"] is True and mcore["version"] == metadata.version("megatron-core")
@@ -70,7 +72,8 @@ def test_status_import_reports_what_was_patched(verl: str) -> None:
     row = rows["verl"]
     fixed = verl == "0.9.1"
     assert row["version"] == _dist_info_version(verl) and row["fixed_upstream"] is fixed
-    # The version rule and the live check on the imported module agree.
+    assert row["in_supported"] is True
+    # The declared `fixed_in` and the live check on the imported module (`fixed_marker`) agree.
     assert row["state"] == ("fixed upstream" if fixed else "patched")
     assert row["layers"] == (0 if fixed else 1) and row["imported"] is True
     assert row["would_be_patched"] is (not fixed)
@@ -85,6 +88,7 @@ def test_status_disabled_target_and_bad_user_target() -> None:
     verl = _rows(s)["verl"]
     assert verl["disabled"] is True and verl["would_be_patched"] is False and verl["present"] is True
     assert s["switches"] == {"TE_OFFLOAD_SHIM_DISABLE": "verl"}
+    assert s["disabled_by"] == {"verl": ["verl"]}
 
     code, s, err = _status(env={"TE_OFFLOAD_SHIM_TARGETS": "not a target"})
     assert code == 1 and s["healthy"] is False
@@ -97,13 +101,17 @@ def test_status_disabled_target_and_bad_user_target() -> None:
 
 def test_status_human_output() -> None:
     full = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON", "VERL_"))}
-    full["PYTHONPATH"] = str(verl_path("0.8.0"))
+    full["PYTHONPATH"] = os.pathsep.join([str(REPO), str(verl_path("0.8.0"))])
+    full["TE_OFFLOAD_SHIM_DISABLE"] = "nemo-rl"  # a name also switches off its name-* variants: shown
     proc = subprocess.run([str(CLI), "status"], capture_output=True, text=True, env=full, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     table = lines[lines.index("targets:") + 1 : lines.index("activation routes:")]
-    assert table[0].split()[:3] == ["target", "present", "version"]
-    assert any(line.split()[:3] == ["verl", "yes", "0.8.0"] for line in table), proc.stdout
+    assert table[0].split()[:4] == ["target", "present", "version", "supported"]
+    assert any(line.split()[:9] == "verl yes 0.8.0 yes (>=0.4.0) no (from 0.9.0) yes".split() for line in table)
+    assert any(line.split()[:3] == ["nemo-rl-0.3", "no", "-"] and line.endswith("yes") for line in table)
+    family = "nemo-rl, nemo-rl-0.5, nemo-rl-0.3 (its name-* variants included)"
+    assert f"  TE_OFFLOAD_SHIM_DISABLE=nemo-rl switches off: {family}" in lines
     starts = {line.index(line.split()[1]) for line in table}  # the second column starts at one offset
     assert len(starts) == 1, "the table is aligned"
     assert "in force here:" in proc.stdout

@@ -23,6 +23,7 @@ def mirror_env(*roots: str) -> dict[str, str]:
 
 COMMON = """
 import te_offload_shim as shim
+from te_offload_shim.engine import handler
 import mirror_flush
 from harness import megatron_world as w
 
@@ -50,17 +51,18 @@ m, n = chunk(); before = w.weights(m)
 worker = mpw.MegatronPolicyWorkerImpl(m, {"megatron_cfg": {}})
 worker.offload_before_refit()
 out["impl"] = [n, events(), by_target(), w.cache_state(m)["entries"]]
-shim._offload.reset_stats()
+handler.reset_stats()
 
 # What the actor process instantiates: the @ray.remote class's modified class.
 actor_cls = mpw.MegatronPolicyWorker.__ray_metadata__.modified_class
 m2, n2 = chunk()
 actor_cls(m2, {"megatron_cfg": {"fp8_cfg": {"force_clear_fp8_caches": True}}}).offload_before_refit()
 out["flag_on"] = [events(), by_target(), w.cache_state(m2)["entries"]]
+out["flag_on_left"] = shim.stats()["left_alone"]
 m3, n3 = chunk()
 actor_cls(m3, {"megatron_cfg": {"fp8_cfg": {"force_clear_fp8_caches": False}}}).offload_before_refit()
 out["actor"] = [events(), sum(v[0] for v in by_target().values()), w.cache_state(m3)["entries"]]
-shim._offload.reset_stats()
+handler.reset_stats()
 
 # offload_after_refit: Megatron's buffer offload (params move) runs first, then offload_before_refit.
 m4, n4 = chunk(); before4 = w.weights(m4)
@@ -69,7 +71,7 @@ worker4.offload_after_refit()
 out["after_refit"] = [n4, events(), by_target()]
 worker4.move_model(worker4.model, "cuda")
 out["same"] = w.same_weights(before4, w.weights(m4))
-shim._offload.reset_stats()
+handler.reset_stats()
 
 m5, n5 = chunk()
 old.MegatronPolicyWorker.__ray_metadata__.modified_class(m5, {"megatron_cfg": {}}).offload_before_refit()
@@ -84,7 +86,9 @@ def test_nemo_rl_0_6_layout_and_0_4_layout() -> None:
     n, flushes, targets, left = r["impl"]
     assert flushes == [["flush", 0]] and left == 0, "cleared before the method's own empty_cache"
     assert targets == {"nemo-rl": [1, n]}, "the nested grad-buffer offload must not count a second call"
-    assert r["flag_on"][0] == [["flush", 0]] and r["flag_on"][1] == {}, "NeMo-RL clears itself: step aside"
+    assert r["flag_on"][0] == [["flush", 0]] and r["flag_on"][1] == {}, "NeMo-RL clears itself: left alone"
+    reason = "NeMo-RL fp8_cfg.force_clear_fp8_caches is on: it clears the caches itself"
+    assert r["flag_on_left"] == {"nemo-rl-0.5": {reason: 1}}, "the actor class runs the @ray.remote entry"
     assert r["actor"] == [[["flush", 0]], 1, 0]
     n4, flushes4, targets4 = r["after_refit"]
     assert flushes4 == [["flush", 0]]
@@ -128,9 +132,10 @@ def case(name, make, call):
     models = [chunk()[0] for _ in range(2)]   # two virtual-pipeline chunks
     n = sum(w.cache_state([m])["entries"] for m in models)
     before = [w.weights(m) for m in models]
-    shim._offload.reset_stats()
+    handler.reset_stats()
     call(make(models))
     out[name] = [n, events(), by_target(), w.cache_state(models)["entries"]]
+    out[name + ":left"] = shim.stats()["left_alone"]
     return models, before
 
 roll_cases = [("roll_none", None), ("roll_list", [T.model_params]), ("roll_set", {T.model_params, T.optimizer_states}),
@@ -175,28 +180,34 @@ def test_roll_areal_slime_miles() -> None:
         n, got, targets, left = r[name]
         assert left == 0 and got == (events or CLEARED_BEFORE_FLUSH), name
         assert targets == {target: [1, n]}, f"{name}: one call, every entry, by the outer target only"
+        assert r[name + ":left"] == {}, name
 
-    def untouched(name: str) -> None:
+    def untouched(name: str, target: str, reason: str) -> None:
         n, got, targets, left = r[name]
         assert left == n and got == [["flush", n]] and targets == {}, name
+        assert r[name + ":left"] == {target: {reason: 1}}, f"{name}: left alone by its skip rule, with the reason"
 
     for label in ("roll_none", "roll_list", "roll_set", "roll_one"):
         cleared(label, "roll-train")
         cleared(label + "_infer", "roll")
-    untouched("roll_opt")
-    untouched("roll_opt_infer")
+    no_params = "include names no model_params: the weights stay on the device"
+    untouched("roll_opt", "roll-train", no_params)
+    untouched("roll_opt_infer", "roll", no_params)
     for label in ("awex_none", "awex_empty", "awex_weights"):
         cleared(label, "areal-awex")
         cleared(label + "_104", "areal-awex-1.0")
-    untouched("awex_opt")
-    untouched("awex_opt_104")
+    no_weights = "tags name no weights: the weights stay on the device"
+    untouched("awex_opt", "areal-awex", no_weights)
+    untouched("awex_opt_104", "areal-awex-1.0", no_weights)
     # engine.offload flushes, then the adapter flushes again: both must see the caches gone
     cleared("areal_awex_nested", "areal", [["flush", 0], ["flush", 0]])
     assert r["areal_awex_same"]
     cleared("areal_tms", "areal", [["flush", 0], ["pause", 0]])
     cleared("slime", "slime", [["flush", 0], ["pause", 0]])
     _, got, targets, left = r["miles_flag_on"]
-    assert left == 0 and got == [["flush", 0], ["pause", 0]] and targets == {}, "miles clears itself: step aside"
+    assert left == 0 and got == [["flush", 0], ["pause", 0]] and targets == {}, "miles clears itself: left alone"
+    reason = "miles --clear-quantized-weight-workspaces-on-offload is on: it clears the caches itself"
+    assert r["miles_flag_on:left"] == {"miles": {reason: 1}}
     cleared("miles_flag_off", "miles", [["flush", 0], ["pause", 0]])
     cleared("miles_before_pr", "miles", [["flush", 0], ["pause", 0]])
     for name in ("roll", "roll-train", "areal-awex", "areal-awex-1.0", "areal", "slime", "miles"):

@@ -20,6 +20,7 @@ def test_skyrl_rlinf_chatlearn_relax() -> None:
     from conftest import REPO
 
     import te_offload_shim as shim
+    from te_offload_shim.engine import handler
 
     sys.path[:0] = [str(REPO / "tests" / "mirrors")]
     import mirror_flush
@@ -36,7 +37,7 @@ def test_skyrl_rlinf_chatlearn_relax() -> None:
     def run(chunks: list, call: object) -> tuple[int, list, dict, int]:
         """Entries before, flush events, {target: [calls, entries]}, entries left."""
         n = w.cache_state(chunks)["entries"]
-        shim._offload.reset_stats()
+        handler.reset_stats()
         mirror_flush.EVENTS.clear()
         call()  # type: ignore[operator]
         by_target = {k: [v["calls"], v["entries"]] for k, v in shim.stats()["by_target"].items()}
@@ -81,6 +82,8 @@ def test_skyrl_rlinf_chatlearn_relax() -> None:
     manager = MegatronModelManager(chunks)
     n, got, by_target, left = run(chunks, lambda: manager.offload_model_weights_and_grad(offload_weight=False))
     assert (got, by_target, left) == ([["flush", n]], {}, n)
+    reason = "offload_weight=False: a grads-only offload leaves the weights and their caches"
+    assert shim.stats()["left_alone"] == {"rlinf": {reason: 1}}, "left alone by its skip rule, with the reason"
     before = [w.weights(c) for c in chunks]
     cleared(run(chunks, lambda: manager.offload_model_weights_and_grad()), "rlinf")
     manager.onload_model_weights_and_grad()

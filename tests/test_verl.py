@@ -8,7 +8,7 @@ megatron `GPTModel` wrapped in megatron DDP.
 from __future__ import annotations
 
 import pytest
-from conftest import FIXED_VERL, UNFIXED_VERL, run_py
+from conftest import FIXED_VERL, UNFIXED_VERL, run_py, verl_path
 
 ENGINE = "verl.workers.engine.megatron.transformer_impl"  # the caller in 0.6.0+ (only one from 0.8.0)
 WORKERS = "verl.workers.megatron_workers"  # the caller in 0.4.0 - 0.7.1
@@ -43,6 +43,16 @@ emit(initial=initial, after=after, flushes=offload_flushes, offloaded=offloaded,
 """
 
 
+def _declared_fixed(verl: str) -> bool | None:
+    """What the table's `fixed_in` says of this release, read as `status` reads it (no import)."""
+    from te_offload_shim.integrations import versions
+    from te_offload_shim.integrations.targets import BUILTIN
+
+    (info,) = verl_path(verl).glob("verl-*.dist-info")
+    target = next(t for t in BUILTIN if t.name == "verl")
+    return versions.fixed_upstream(target, info.name[len("verl-") : -len(".dist-info")])[0]
+
+
 def _check_cleared(r: dict) -> None:
     assert r["initial"]["entries"] == 9 and r["initial"]["bytes"] > 0
     assert r["after"] == {"entries": 0, "bytes": 0}
@@ -58,6 +68,7 @@ def test_shim_imported_before_verl(verl: str) -> None:
     _check_cleared(r)
     assert r["caller_layers"] == 1 and r["module_layers"] == 1
     assert r["state"]["verl"] == "patched"
+    assert _declared_fixed(verl) is False, "the declaration agrees with the real release's module"
     assert "cleared 9 FP8 weight workspaces" in r["_stderr"]
 
 
@@ -74,6 +85,7 @@ def test_verl_caller_and_model_before_shim(verl: str, caller: str) -> None:
 def test_fixed_verl_is_left_unwrapped_and_clears_itself(verl: str) -> None:
     r = run_py(f"import te_offload_shim\nCALLER = {ENGINE!r}\n" + BUILD + OFFLOAD, verl=verl)
     assert r["state"]["verl"] == "fixed upstream"
+    assert _declared_fixed(verl) is True, "the declaration agrees with the real release's module"
     assert r["caller_layers"] == 0 and r["module_layers"] == 0
     assert r["after"] == {"entries": 0, "bytes": 0}, "verl 0.9's own code clears the caches"
     assert r["stats"]["calls"] == 0

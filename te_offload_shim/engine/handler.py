@@ -39,6 +39,7 @@ _totals: dict[str, Any] = {
     "primary_weight_bytes": 0,  # FP8 primary weights' transpose/columnwise copies seen at the last call
 }
 _by_target: dict[str, dict[str, int]] = {}
+_left: dict[str, dict[str, int]] = {}  # target -> the reason its skip rule gave -> calls left alone
 _announced = False
 
 
@@ -47,6 +48,7 @@ def totals() -> dict[str, Any]:
     with _lock:
         result = dict(_totals)
         result["by_target"] = {k: dict(v) for k, v in _by_target.items()}
+        result["left_alone"] = {k: dict(v) for k, v in _left.items()}
         return result
 
 
@@ -56,7 +58,17 @@ def reset_stats() -> None:
         for key in _totals:
             _totals[key] = 0
         _by_target.clear()
+        _left.clear()
         _announced = False
+
+
+def _left_alone(target: Target, reason: str) -> None:
+    """A call the target's skip rule left alone: counted under its reason, logged at debug level
+    (a skip is expected behaviour, and an offload can run every step)."""
+    with _lock:
+        per = _left.setdefault(target.name, {})
+        per[reason] = per.get(reason, 0) + 1
+    log(10, "te_offload_shim: %s: left alone: %s", target.path, reason)
 
 
 def _record(target: Target, report: caches.CacheReport) -> None:
@@ -147,7 +159,7 @@ class Handler:
         from te_offload_shim.reports import audit
 
         try:
-            if models is None:  # the clearing stepped aside (or is off): find the chunks for the audit
+            if models is None:  # the call was left alone (or the shim is off): find the chunks for the audit
                 call = self._bind(instance, args, kwargs)
                 models = self._chunks(call)[0] if call is not None else None
         except Exception as exc:
@@ -190,11 +202,9 @@ class Handler:
         call = self._bind(instance, args, kwargs)
         if call is None:
             return None
-        if target.when is not None and not target.when(call):
-            return None
-        reason = target.step_aside(call) if target.step_aside is not None else None
+        reason = target.skip(call) if target.skip is not None else None
         if reason:
-            log(10, "te_offload_shim: %s: stepping aside: %s", target.path, reason)
+            _left_alone(target, reason)
             return None
         models, params = self._chunks(call)
         _record(target, caches.clear_fp8_workspaces(models, params=params, strict=_switches.strict()))

@@ -66,7 +66,9 @@ def apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
 def _apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
     if _switches.is_disabled(target.name):
         return "disabled", ""
-    if target.fixed_upstream is not None and target.fixed_upstream(module):
+    # The module itself, not the installed version number (`fixed_in`, which `status` reads without
+    # importing), decides here: a back-port or a git checkout carries the fix under any number.
+    if target.fixed_marker is not None and hasattr(module, target.fixed_marker):
         return "fixed upstream", ""
     found = owner_of(module, target.attribute)
     if found is None:

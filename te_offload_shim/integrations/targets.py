@@ -1,23 +1,43 @@
 """WHAT to patch: one declarative entry per framework entry point.
 
 Adding a target is adding an entry to `BUILTIN`. An entry names the module to watch, the attribute
-(`func` or `Class.method`), where the model chunks are in a call (a `where` spec, below), an
-optional condition on the call, and how to see that upstream already clears the caches.
+(`func` or `Class.method`), where the model chunks are in a call (a `where` spec, below), the
+releases it applies to, and optionally a rule that leaves a call alone.
 
 `where` spec, shared with `TE_OFFLOAD_SHIM_TARGETS`: a parameter name (`models`, `self`) or a
 position (`arg0` is the first argument after `self`), then optional `.attr` steps, the last of which
 may end in `()` for a call without arguments: `self.model.get_models()`. Empty means the first
 argument. It is parsed, never evaluated.
 
-Standard library only: the table is read at `import te_offload_shim`.
+Releases, declared once per entry and read by `te-offload-shim status` (integrations/versions.py):
+- `distribution`: the package whose installed version is checked.
+- `supported`: a version specifier set, `>=0.4.0,<0.9.0`, for the releases in which the entry point
+  exists as the entry describes it (integrations/specifiers.py has the subset accepted). None when no
+  release number is known for it (git-only code, or code in no release yet); `note` then says which
+  revisions have it. A release outside the set is a warning in `status`, never a reason not to patch:
+  the shim patches what it finds.
+- `fixed_in`: the first release that clears the caches itself; from it on the entry is left alone.
+  `fixed_marker` is the module attribute that fix added: at run time its presence, not the version
+  number, decides (a back-port or a git checkout carries the fix under any number), and a test checks
+  that the two agree on the real releases (tests/test_target_table.py, tests/test_verl.py).
+- `note`: only what the specifier cannot say.
+
+`skip`: a function of the bound call (a mapping of parameter names to values) that returns why this
+call is left alone, a short reason that is logged and counted in `stats()["left_alone"]`, or None to
+clear the caches. Its reasons are of two kinds: the call moves no weights (`move_params=False`), or
+the framework clears the caches itself behind a flag.
+
+Standard library only: the table is read at `import te_offload_shim`; the specifiers are strings
+here, parsed only by `status` and the tests.
 """
 
 TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
-    from types import ModuleType
     from typing import Any
+
+    Skip = Callable[[Mapping[str, Any]], "str | None"]
 
 
 class Where:
@@ -65,14 +85,15 @@ class Target:
     __slots__ = (
         "attribute",
         "distribution",
-        "fixed_upstream",
+        "fixed_in",
+        "fixed_marker",
         "module",
         "name",
+        "note",
         "resolve",
-        "step_aside",
+        "skip",
+        "supported",
         "user",
-        "versions",
-        "when",
         "where",
     )
 
@@ -84,10 +105,11 @@ class Target:
         where: "str" = "",
         *,
         distribution: "str | None" = None,
-        versions: "str" = "",
-        when: "Callable[[Mapping[str, Any]], bool] | None" = None,
-        step_aside: "Callable[[Mapping[str, Any]], str | None] | None" = None,
-        fixed_upstream: "Callable[[ModuleType], bool] | None" = None,
+        supported: "str | None" = None,
+        fixed_in: "str | None" = None,
+        fixed_marker: "str | None" = None,
+        note: "str" = "",
+        skip: "Skip | None" = None,
         resolve: "Callable[[Any], tuple[Any, Any]] | None" = None,
         user: "bool" = False,
     ) -> "None":
@@ -96,10 +118,11 @@ class Target:
         self.attribute = attribute
         self.where = parse_where(where)
         self.distribution = distribution
-        self.versions = versions
-        self.when = when
-        self.step_aside = step_aside
-        self.fixed_upstream = fixed_upstream
+        self.supported = supported
+        self.fixed_in = fixed_in
+        self.fixed_marker = fixed_marker
+        self.note = note
+        self.skip = skip
         self.resolve = resolve
         self.user = user  # from TE_OFFLOAD_SHIM_TARGETS: an absent attribute is then a mistake
 
@@ -111,30 +134,25 @@ class Target:
         return f"Target({self.name!r}, {self.path!r})"
 
 
-# --- conditions, referenced by the entries below ------------------------------------------------
+# --- skip rules, referenced by the entries below ------------------------------------------------
 
 
-def _has_attr(name: "str") -> "Callable[[ModuleType], bool]":
-    def check(module: "ModuleType") -> "bool":
-        return hasattr(module, name)
+def _skip_when_false(param: "str", why: "str") -> "Skip":
+    """Leave the call alone when `param` is passed false (it defaults to moving the weights)."""
 
-    check.__name__ = f"has_{name}"
-    return check
+    def skip(call: "Mapping[str, Any]") -> "str | None":
+        value = call.get(param, True)
+        return None if value else f"{param}={value!r}: {why}"
 
-
-def _truthy(param: "str") -> "Callable[[Mapping[str, Any]], bool]":
-    def check(call: "Mapping[str, Any]") -> "bool":
-        return bool(call.get(param, True))
-
-    check.__name__ = f"{param}_truthy"
-    return check
+    skip.__name__ = f"skip_unless_{param}"
+    return skip
 
 
-def _offloads_model_params(call: "Mapping[str, Any]") -> "bool":
+def _skip_unless_model_params(call: "Mapping[str, Any]") -> "str | None":
     """ROLL: `include=None` means every state; otherwise the list must name model params."""
     include = call.get("include")
     if include is None:
-        return True
+        return None
     if isinstance(include, str):  # one OffloadStateType (a str Enum) rather than a list of them
         include = (include,)
     try:
@@ -142,7 +160,15 @@ def _offloads_model_params(call: "Mapping[str, Any]") -> "bool":
         values = {getattr(item, "value", item) for item in include}
     except TypeError:
         names = values = {getattr(include, "name", include)}
-    return "model_params" in names or "model_params" in values
+    if "model_params" in names or "model_params" in values:
+        return None
+    return "include names no model_params: the weights stay on the device"
+
+
+def _skip_unless_weights(call: "Mapping[str, Any]") -> "str | None":
+    """AReaL awex: `tags = tags or ["optimizer", "weights"]`, so an empty list means both too."""
+    tags = call.get("tags")
+    return None if not tags or "weights" in tags else "tags name no weights: the weights stay on the device"
 
 
 def _nemo_rl_clears_itself(call: "Mapping[str, Any]") -> "str | None":
@@ -151,7 +177,7 @@ def _nemo_rl_clears_itself(call: "Mapping[str, Any]") -> "str | None":
     fp8_cfg = getattr(call.get("self"), "fp8_cfg", None)
     get = getattr(fp8_cfg, "get", None)  # a dict, or an OmegaConf DictConfig
     if callable(get) and get("force_clear_fp8_caches", False):
-        return "NeMo-RL fp8_cfg.force_clear_fp8_caches is on"
+        return "NeMo-RL fp8_cfg.force_clear_fp8_caches is on: it clears the caches itself"
     return None
 
 
@@ -159,14 +185,8 @@ def _miles_clears_itself(call: "Mapping[str, Any]") -> "str | None":
     """miles PR #2142: `--clear-quantized-weight-workspaces-on-offload` (default on)."""
     args = getattr(call.get("self"), "args", None)
     if getattr(args, "clear_quantized_weight_workspaces_on_offload", False):
-        return "miles --clear-quantized-weight-workspaces-on-offload is on"
+        return "miles --clear-quantized-weight-workspaces-on-offload is on: it clears the caches itself"
     return None
-
-
-def _releases_weights(call: "Mapping[str, Any]") -> "bool":
-    """AReaL awex: `tags = tags or ["optimizer", "weights"]`, so an empty list means both too."""
-    tags = call.get("tags")
-    return not tags or "weights" in tags
 
 
 def _megatron_buffer_modules(buffer: "Any") -> "Any":
@@ -184,8 +204,9 @@ BUILTIN: "tuple[Target, ...]" = (
         "offload_megatron_model_to_cpu",
         "models",
         distribution="verl",
-        versions="0.4.0 - 0.8.x; 0.9.0+ clears the caches itself (PR #6952)",
-        fixed_upstream=_has_attr("_clear_te_fp8_weight_workspaces"),
+        supported=">=0.4.0",
+        fixed_in="0.9.0",  # verl PR #6952
+        fixed_marker="_clear_te_fp8_weight_workspaces",
     ),
     Target(
         "megatron-core",
@@ -193,8 +214,8 @@ BUILTIN: "tuple[Target, ...]" = (
         "_ParamAndGradBuffer.offload_to_cpu",
         "self",
         distribution="megatron-core",
-        versions="0.16.0+ (the method is absent before)",
-        when=_truthy("move_params"),
+        supported=">=0.16.0",  # the method is absent before
+        skip=_skip_when_false("move_params", "the weights stay on the device"),
         resolve=_megatron_buffer_modules,  # only the TE layers whose weights live in the buffer
     ),
     Target(
@@ -203,8 +224,8 @@ BUILTIN: "tuple[Target, ...]" = (
         "MegatronPolicyWorkerImpl.offload_before_refit",
         "self.model",
         distribution="nemo-rl",
-        versions="0.6.0+ (offload_after_refit calls it through self)",
-        step_aside=_nemo_rl_clears_itself,
+        supported=">=0.6.0",  # offload_after_refit calls it through self
+        skip=_nemo_rl_clears_itself,
     ),
     Target(
         "nemo-rl-0.5",
@@ -212,8 +233,9 @@ BUILTIN: "tuple[Target, ...]" = (
         "MegatronPolicyWorker.offload_before_refit",
         "self.model",
         distribution="nemo-rl",
-        versions="0.5.x (a @ray.remote class; 0.6.0+ inherits the patched Impl method)",
-        step_aside=_nemo_rl_clears_itself,
+        # 0.5.x: a @ray.remote class; from 0.6.0 its subclass of the Impl class, whose method it inherits
+        supported=">=0.5.0",
+        skip=_nemo_rl_clears_itself,
     ),
     Target(
         "nemo-rl-0.3",
@@ -221,8 +243,8 @@ BUILTIN: "tuple[Target, ...]" = (
         "MegatronPolicyWorker.offload_before_refit",
         "self.model",
         distribution="nemo-rl",
-        versions="0.3.0 - 0.4.x",
-        step_aside=_nemo_rl_clears_itself,
+        supported=">=0.3.0,<0.5.0",
+        skip=_nemo_rl_clears_itself,
     ),
     Target(
         "roll",
@@ -230,17 +252,17 @@ BUILTIN: "tuple[Target, ...]" = (
         "MegatronInferStrategy.offload_states",
         "self.model.get_models()",
         distribution="roll",
-        versions="0.1.0 - 0.3.0",
-        when=_offloads_model_params,
+        supported=">=0.1.0,<=0.3.0",
+        skip=_skip_unless_model_params,
     ),
     Target(
         "roll-train",
         "roll.distributed.strategy.megatron_strategy",
-        "MegatronTrainStrategy.offload_states",
+        "MegatronTrainStrategy.offload_states",  # overrides the Infer method
         "self.model.get_models()",
         distribution="roll",
-        versions="0.1.0 - 0.3.0 (overrides the Infer method)",
-        when=_offloads_model_params,
+        supported=">=0.1.0,<=0.3.0",
+        skip=_skip_unless_model_params,
     ),
     Target(
         "areal-awex",
@@ -248,25 +270,25 @@ BUILTIN: "tuple[Target, ...]" = (
         "AwexMegatronAdapter.release_memory",
         "self._engine.model",
         distribution="areal",
-        versions="main since 2026-08-07 (#1500), in no release yet",
-        when=_releases_weights,
+        note="main since 2026-08-07 (#1500), in no release yet",
+        skip=_skip_unless_weights,
     ),
     Target(
         "areal-awex-1.0",
-        "areal.experimental.weight_update.awex.megatron_adapter",
+        "areal.experimental.weight_update.awex.megatron_adapter",  # main moved it to areal.engine.awex
         "AwexMegatronAdapter.release_memory",
         "self._engine.model",
         distribution="areal",
-        versions="1.0.4 (the PyPI release; moved to areal.engine.awex.colocate_writer on main)",
-        when=_releases_weights,
+        supported="==1.0.4",
+        skip=_skip_unless_weights,
     ),
     Target(
         "areal",
         "areal.engine.megatron_engine",
-        "MegatronEngine.offload",
+        "MegatronEngine.offload",  # flushes before torch_memory_saver.pause
         "self.model",
         distribution="areal",
-        versions="1.0.4 - 2.0.0 (flushes before torch_memory_saver.pause)",
+        supported=">=1.0.4",  # main too
     ),
     Target(
         "slime",
@@ -274,7 +296,7 @@ BUILTIN: "tuple[Target, ...]" = (
         "MegatronTrainRayActor.sleep",
         "self.model",
         distribution="slime",
-        versions="0.2.1 - 0.3.1",
+        supported=">=0.2.1,<=0.3.1",
     ),
     Target(
         "miles",
@@ -282,77 +304,78 @@ BUILTIN: "tuple[Target, ...]" = (
         "MegatronTrainRayActor.sleep",
         "self.model",
         distribution="miles",
-        versions="before PR #2142, or with its flag off",
-        step_aside=_miles_clears_itself,
+        note="git only; from PR #2142 miles clears the caches itself behind a flag (default on)",
+        skip=_miles_clears_itself,
     ),
-    # ms-swift, SkyRL, RLinf, ChatLearn, Relax: no upstream fix yet, so no step-aside rule is guessed
-    # ahead of one (a fix may come opt-in, like NeMo-RL's, and stepping aside on its mere presence
+    # ms-swift, SkyRL, RLinf, ChatLearn, Relax: no upstream fix yet, so no skip rule is guessed
+    # ahead of one (a fix may come opt-in, like NeMo-RL's, and skipping on its mere presence
     # would bring the leak back). Clearing first is harmless next to an upstream clear: it finds the
     # dict already empty.
     Target(
         "ms-swift",
         "swift.megatron.trainers.utils",
-        "offload_megatron_model_to_cpu",
+        "offload_megatron_model_to_cpu",  # a copy of verl's pre-fix offload, flushing through swift.utils
         "models",
         distribution="ms-swift",
-        versions="3.11.0 - 4.6.0 (a copy of verl's pre-fix offload; flushes through swift.utils.empty_cache)",
+        supported=">=3.11.0,<=4.6.0",
     ),
     Target(
         "skyrl",
         "skyrl.backends.skyrl_train.distributed.megatron.megatron_utils",
-        "offload_megatron_model_to_cpu",
+        "offload_megatron_model_to_cpu",  # DDP chunks go through megatron-core's buffer offload, plain ones not
         "models",
         distribution="skyrl",
-        versions="0.1.0 - 0.3.0 (DDP chunks go through megatron-core's buffer offload, plain chunks do not)",
+        supported=">=0.1.0",  # main too
     ),
     Target(
         "skyrl-train",
-        "skyrl_train.distributed.megatron.megatron_utils",
+        "skyrl_train.distributed.megatron.megatron_utils",  # before it became skyrl.backends.skyrl_train
         "offload_megatron_model_to_cpu",
         "models",
         distribution="skyrl-train",
-        versions="skyrl-train 0.2.0 - 0.4.0 (git tags; before the package became skyrl.backends.skyrl_train)",
+        supported=">=0.2.0,<=0.4.0",
+        note="git tags",
     ),
     Target(
         "rlinf",
         "rlinf.hybrid_engines.megatron.megatron_model_manager",
-        "MegatronModelManager.offload_model_weights_and_grad",
+        "MegatronModelManager.offload_model_weights_and_grad",  # MegatronWorker, MegatronSftWorker inherit it
         "self.model",
         distribution="rlinf",
-        versions="0.1 - 0.3.0, main (MegatronWorker, MegatronSftWorker inherit it)",
-        when=_truthy("offload_weight"),
+        supported=">=0.1",  # main too
+        skip=_skip_when_false("offload_weight", "a grads-only offload leaves the weights and their caches"),
     ),
     Target(
         "chatlearn",
         "chatlearn.models.megatron.memory_manager.trainer",
-        "TrainerMemoryManager.offload_weights",
+        "TrainerMemoryManager.offload_weights",  # the caller, TorchModule.offload, flushes after it
         "self._model",
         distribution="pai-chatlearn",
-        versions="1.2.0 - main (the caller, TorchModule.offload, flushes after it)",
+        supported=">=1.2.0",  # main too
     ),
     Target(
         "chatlearn-inference",
         "chatlearn.models.megatron.memory_manager.inference",
-        "InferenceMemoryManager.offload_weights",
+        "InferenceMemoryManager.offload_weights",  # reference / reward models, flushed by the same caller
         "self._model",
         distribution="pai-chatlearn",
-        versions="1.2.0 - main (reference / reward models; flushed by the same caller)",
+        supported=">=1.2.0",  # main too
     ),
     Target(
         "relax",
         "relax.backends.megatron.actor",
-        "MegatronTrainRayActor.sleep",
+        "MegatronTrainRayActor.sleep",  # clear_memory, then torch_memory_saver.pause
         "self.model",
         distribution="relax",
-        versions="main, no release (clear_memory, then torch_memory_saver.pause)",
+        note="main, in no release",
     ),
     Target(
         "relax-selective",
         "relax.backends.megatron.weight_update.train_offload",
-        "_SelectiveOffloadStrategy.offload",
+        "_SelectiveOffloadStrategy.offload",  # --selective-offload, or no torch_memory_saver
         "self.model",
         distribution="relax",
-        versions="main since the selective offload (--selective-offload, or no torch_memory_saver)",
+        note="main since the selective offload, in no release",
     ),
 )
 

@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 from importlib import metadata, util
 from typing import Any
 
 from te_offload_shim import _switches
+from te_offload_shim.integrations.specifiers import SpecifierSet, Version, parse_version
 from te_offload_shim.integrations.targets import Target
 
 # Distributions reported by `status`; TE ships under several names depending on the build.
 CORE = ("wrapt", "torch", "transformer-engine", "megatron-core")
 TE_NAMES = ("transformer-engine", "transformer-engine-torch", "transformer-engine-cu12", "transformer-engine-cu13")
-WRAPT_MIN = (1, 14)
-
-# Upstream fixes that a version number tells (verl PR #6952, first released in
-# verl 0.9.0). Other targets have no upstream fix, or one that depends on a run-time flag.
-FIXED_FROM = {"verl": (0, 9, 0)}
+WRAPT_NEEDED = ">=1.14"  # as pyproject.toml's dependency
 
 
 def version(distribution: str) -> str | None:
@@ -43,12 +39,6 @@ def te_version() -> str | None:
         if found is not None:
             return found
     return None
-
-
-def parse(text: str) -> tuple[int, ...]:
-    """The leading numeric release of a version string: '0.9.0rc1' -> (0, 9, 0)."""
-    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", text)
-    return tuple(int(p) for p in match.group(1).split(".")) if match else ()
 
 
 def module_present(name: str) -> bool:
@@ -81,16 +71,62 @@ def _extension_suffixes() -> list[str]:
     return list(EXTENSION_SUFFIXES)
 
 
-def fixed_upstream(target: Target, dist_version: str | None) -> tuple[bool | None, str]:
-    """(fixed?, how we know) without importing the target."""
-    first = FIXED_FROM.get(target.name)
-    if first is None:
-        return False, "no upstream fix is known" if target.fixed_upstream is None else "checked on import"
+def declaration_problems(target: Target) -> list[str]:
+    """What is malformed in a target's release declaration (targets.py); [] when it is sound."""
+    problems = []
+    for field, text in (("supported", target.supported), ("fixed_in", target.fixed_in)):
+        if text is None:
+            continue
+        try:
+            SpecifierSet(text if field == "supported" else f">={text}")
+        except ValueError as exc:
+            problems.append(f"{target.name}: {field}: {exc}")
+    if (target.supported is not None or target.fixed_in is not None) and not target.distribution:
+        problems.append(f"{target.name}: releases are declared without the distribution they are of")
+    if (target.fixed_in is None) != (target.fixed_marker is None):
+        problems.append(
+            f"{target.name}: fixed_in and fixed_marker go together (the version for status, the marker at run time)"
+        )
+    if target.supported is None and target.distribution and not target.note:
+        problems.append(f"{target.name}: no supported releases and no note saying which revisions have it")
+    return problems
+
+
+def _release(target: Target, dist_version: str | None) -> tuple[Version | None, str]:
     if dist_version is None:
         return None, f"{target.distribution} version unknown"
-    fixed = parse(dist_version) >= first
-    wanted = ".".join(map(str, first))
-    return fixed, f"{target.distribution} {dist_version} {'>=' if fixed else '<'} {wanted} (by version)"
+    try:
+        return parse_version(dist_version), ""
+    except ValueError as exc:
+        return None, str(exc)
+
+
+def fixed_upstream(target: Target, dist_version: str | None) -> tuple[bool | None, str]:
+    """(fixed?, how we know) from the declared `fixed_in`, without importing the target."""
+    if target.fixed_in is None:
+        return False, "no release is declared to clear the caches itself"
+    found, why = _release(target, dist_version)
+    if found is None:
+        return None, why
+    try:
+        fixed = found in SpecifierSet(f">={target.fixed_in}")
+    except ValueError as exc:
+        return None, str(exc)
+    return fixed, f"{target.distribution} {dist_version} {'>=' if fixed else '<'} {target.fixed_in} (by version)"
+
+
+def in_supported(target: Target, dist_version: str | None) -> tuple[bool | None, str]:
+    """(is the installed release one the entry declares?, how we know)."""
+    if target.supported is None:
+        return None, target.note or "no supported releases declared"
+    found, why = _release(target, dist_version)
+    if found is None:
+        return None, why
+    try:
+        inside = found in SpecifierSet(target.supported)
+    except ValueError as exc:
+        return None, str(exc)
+    return inside, f"{target.distribution} {dist_version} {'in' if inside else 'not in'} {target.supported}"
 
 
 def versions() -> dict[str, str | None]:
@@ -107,7 +143,10 @@ def versions() -> dict[str, str | None]:
 
 
 def wrapt_ok(found: str | None) -> bool:
-    return found is not None and parse(found) >= WRAPT_MIN
+    try:
+        return found is not None and found in SpecifierSet(WRAPT_NEEDED)
+    except ValueError:  # an unreadable version: say so rather than guess
+        return False
 
 
 def target_row(target: Target, enabled: bool) -> dict[str, Any]:
@@ -115,6 +154,7 @@ def target_row(target: Target, enabled: bool) -> dict[str, Any]:
     dist_version = version(target.distribution) if target.distribution else None
     present = module_present(target.module)
     fixed, basis = fixed_upstream(target, dist_version) if present else (None, "not present")
+    supported, supported_basis = in_supported(target, dist_version) if present else (None, "not present")
     is_disabled = _switches.is_disabled(target.name)
     return {
         "name": target.name,
@@ -123,7 +163,11 @@ def target_row(target: Target, enabled: bool) -> dict[str, Any]:
         "distribution": target.distribution,
         "present": present,
         "version": dist_version,
-        "supported_versions": target.versions,
+        "supported": target.supported,
+        "in_supported": supported,
+        "in_supported_basis": supported_basis,
+        "fixed_in": target.fixed_in,
+        "note": target.note,
         "fixed_upstream": fixed,
         "fixed_upstream_basis": basis,
         "disabled": is_disabled,
