@@ -64,11 +64,15 @@ def disabled_targets() -> frozenset[str]:
     return frozenset(part.strip() for part in raw.split(",") if part.strip())
 
 
+def covers(value: str, name: str) -> bool:
+    """Whether the TE_OFFLOAD_SHIM_DISABLE value `value` switches off target `name`: `*` all of
+    them, a name itself and its `name-*` variants (`nemo-rl` covers `nemo-rl-0.5` and `nemo-rl-0.3`,
+    `roll` covers `roll-train`, `skyrl` covers `skyrl-train`)."""
+    return value == "*" or name == value or name.startswith(f"{value}-")
+
+
 def is_disabled(name: str) -> bool:
-    """A name also switches off its variants: `nemo-rl` covers `nemo-rl-0.5` and `nemo-rl-0.3`,
-    `areal` covers `areal-awex`, `roll` covers `roll-train`."""
-    off = disabled_targets()
-    return "*" in off or name in off or any(name.startswith(f"{d}-") for d in off)
+    return any(covers(value, name) for value in disabled_targets())
 
 
 def switch_problems(names: tuple[str, ...]) -> list[str]:
@@ -82,7 +86,7 @@ def switch_problems(names: tuple[str, ...]) -> list[str]:
                 f"{switch}={os.environ[switch]!r} is not 1/0 (true/false, yes/no, on/off); it stays {default}"
             )
     for name in sorted(disabled_targets() - {"*"}):
-        if not any(n == name or n.startswith(f"{name}-") for n in names):
+        if not any(covers(name, n) for n in names):
             problems.append(f"{DISABLE} names {name!r}, which is no target (known: {', '.join(names)})")
     return problems
 

@@ -140,16 +140,9 @@ def collect(do_import: bool = False) -> dict[str, Any]:
 
 
 def _disabled_by(names: list[str]) -> dict[str, list[str]]:
-    """Each TE_OFFLOAD_SHIM_DISABLE value and the targets it switches off: a name also switches off
-    its `name-*` variants (`nemo-rl` covers `nemo-rl-0.5`; `skyrl` covers `skyrl-train`), which
-    `status` shows rather than leaving to be guessed. Only targets that _switches.is_disabled really
-    switches off are listed; which value covers which repeats its `name-*` rule (a helper there would
-    let both share it)."""
-    off = [n for n in names if _switches.is_disabled(n)]
-    return {
-        value: [n for n in off if value == "*" or n == value or n.startswith(f"{value}-")]
-        for value in sorted(_switches.disabled_targets())
-    }
+    """Each TE_OFFLOAD_SHIM_DISABLE value and the targets it switches off (a name also switches off
+    its `name-*` variants, `_switches.covers`): shown by `status` rather than left to be guessed."""
+    return {value: [n for n in names if _switches.covers(value, n)] for value in sorted(_switches.disabled_targets())}
 
 
 def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:

@@ -61,6 +61,7 @@ class Stats(TypedDict):
     errors: int  # the shim's own errors (each also logged once)
     primary_weight_bytes: int  # FP8 primary weights' transpose/columnwise copies seen at the last call
     by_target: dict[str, TargetTotals]
+    left_alone: dict[str, dict[str, int]]  # target -> the reason its skip rule gave -> calls left alone
     audit: dict[str, Any] | None  # the latest TE_OFFLOAD_SHIM_AUDIT report (None until one ran)
 
 

@@ -27,11 +27,14 @@ call is left alone, a short reason that is logged and counted in `stats()["left_
 clear the caches. Its reasons are of two kinds: the call moves no weights (`move_params=False`), or
 the framework clears the caches itself behind a flag.
 
-Standard library only: the table is read at `import te_offload_shim`; the specifiers are strings
-here, parsed only by `status` and the tests.
+Not read at start-up: `import te_offload_shim` watches the module names written out in
+`__init__.BUILTIN_MODULES` (tests/test_layout.py keeps the two in step), and the table is imported
+when one of them is. The specifiers are strings here, parsed only by `status` and the tests.
 """
 
-TYPE_CHECKING = False  # typing costs milliseconds at every interpreter start
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -45,16 +48,16 @@ class Where:
 
     __slots__ = ("call", "path", "root", "text")
 
-    def __init__(self, root: "str", path: "tuple[str, ...]", call: "bool", text: "str") -> "None":
+    def __init__(self, root: str, path: tuple[str, ...], call: bool, text: str) -> None:
         self.root = root
         self.path = path
         self.call = call
         self.text = text
 
-    def __repr__(self) -> "str":
+    def __repr__(self) -> str:
         return f"Where({self.text!r})"
 
-    def parameter(self, names: "list[str]", is_method: "bool") -> "str | None":
+    def parameter(self, names: list[str], is_method: bool) -> str | None:
         """The parameter the spec starts from, given the function's parameter names; `argN`
         counts after `self` for a method. None when the function has no such parameter."""
         if self.root.startswith("arg") and self.root[3:].isdigit():
@@ -64,7 +67,7 @@ class Where:
         return self.root if self.root in names else None
 
 
-def parse_where(text: "str") -> "Where":
+def parse_where(text: str) -> Where:
     """Parse a `where` spec; raise ValueError with a readable message when malformed."""
     spec = text.strip()
     if not spec:
@@ -99,20 +102,20 @@ class Target:
 
     def __init__(
         self,
-        name: "str",
-        module: "str",
-        attribute: "str",
-        where: "str" = "",
+        name: str,
+        module: str,
+        attribute: str,
+        where: str = "",
         *,
-        distribution: "str | None" = None,
-        supported: "str | None" = None,
-        fixed_in: "str | None" = None,
-        fixed_marker: "str | None" = None,
-        note: "str" = "",
-        skip: "Skip | None" = None,
-        resolve: "Callable[[Any], tuple[Any, Any]] | None" = None,
-        user: "bool" = False,
-    ) -> "None":
+        distribution: str | None = None,
+        supported: str | None = None,
+        fixed_in: str | None = None,
+        fixed_marker: str | None = None,
+        note: str = "",
+        skip: Skip | None = None,
+        resolve: Callable[[Any], tuple[Any, Any]] | None = None,
+        user: bool = False,
+    ) -> None:
         self.name = name
         self.module = module
         self.attribute = attribute
@@ -127,20 +130,20 @@ class Target:
         self.user = user  # from TE_OFFLOAD_SHIM_TARGETS: an absent attribute is then a mistake
 
     @property
-    def path(self) -> "str":
+    def path(self) -> str:
         return f"{self.module}:{self.attribute}"
 
-    def __repr__(self) -> "str":
+    def __repr__(self) -> str:
         return f"Target({self.name!r}, {self.path!r})"
 
 
 # --- skip rules, referenced by the entries below ------------------------------------------------
 
 
-def _skip_when_false(param: "str", why: "str") -> "Skip":
+def _skip_when_false(param: str, why: str) -> Skip:
     """Leave the call alone when `param` is passed false (it defaults to moving the weights)."""
 
-    def skip(call: "Mapping[str, Any]") -> "str | None":
+    def skip(call: Mapping[str, Any]) -> str | None:
         value = call.get(param, True)
         return None if value else f"{param}={value!r}: {why}"
 
@@ -148,7 +151,7 @@ def _skip_when_false(param: "str", why: "str") -> "Skip":
     return skip
 
 
-def _skip_unless_model_params(call: "Mapping[str, Any]") -> "str | None":
+def _skip_unless_model_params(call: Mapping[str, Any]) -> str | None:
     """ROLL: `include=None` means every state; otherwise the list must name model params."""
     include = call.get("include")
     if include is None:
@@ -165,13 +168,13 @@ def _skip_unless_model_params(call: "Mapping[str, Any]") -> "str | None":
     return "include names no model_params: the weights stay on the device"
 
 
-def _skip_unless_weights(call: "Mapping[str, Any]") -> "str | None":
+def _skip_unless_weights(call: Mapping[str, Any]) -> str | None:
     """AReaL awex: `tags = tags or ["optimizer", "weights"]`, so an empty list means both too."""
     tags = call.get("tags")
     return None if not tags or "weights" in tags else "tags name no weights: the weights stay on the device"
 
 
-def _nemo_rl_clears_itself(call: "Mapping[str, Any]") -> "str | None":
+def _nemo_rl_clears_itself(call: Mapping[str, Any]) -> str | None:
     """NeMo-RL >= 0.7 clears the caches itself when `policy.megatron_cfg.fp8_cfg.force_clear_fp8_caches`
     (read as `self.fp8_cfg.get("force_clear_fp8_caches", False)`, megatron_policy_worker.py @04fc1377)."""
     fp8_cfg = getattr(call.get("self"), "fp8_cfg", None)
@@ -181,7 +184,7 @@ def _nemo_rl_clears_itself(call: "Mapping[str, Any]") -> "str | None":
     return None
 
 
-def _miles_clears_itself(call: "Mapping[str, Any]") -> "str | None":
+def _miles_clears_itself(call: Mapping[str, Any]) -> str | None:
     """miles PR #2142: `--clear-quantized-weight-workspaces-on-offload` (default on)."""
     args = getattr(call.get("self"), "args", None)
     if getattr(args, "clear_quantized_weight_workspaces_on_offload", False):
@@ -189,7 +192,7 @@ def _miles_clears_itself(call: "Mapping[str, Any]") -> "str | None":
     return None
 
 
-def _megatron_buffer_modules(buffer: "Any") -> "Any":
+def _megatron_buffer_modules(buffer: Any) -> Any:
     from te_offload_shim.integrations.megatron import modules_of_buffer
 
     return modules_of_buffer(buffer)
@@ -197,7 +200,7 @@ def _megatron_buffer_modules(buffer: "Any") -> "Any":
 
 # --- the table ----------------------------------------------------------------------------------
 
-BUILTIN: "tuple[Target, ...]" = (
+BUILTIN: tuple[Target, ...] = (
     Target(
         "verl",
         "verl.utils.megatron_utils",
@@ -380,7 +383,7 @@ BUILTIN: "tuple[Target, ...]" = (
 )
 
 
-def parse_user_targets(text: "str") -> "tuple[list[Target], list[str]]":
+def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
     """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
 
     Returns the good entries and one message per malformed entry (the others still work)."""
