@@ -11,7 +11,6 @@ load drifts over both alike; medians of --runs each.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -27,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from te_offload_shim.activation import pth as _activation  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit  # noqa: E402
+from _common import Parser, emit, positive_int  # noqa: E402
 
 GOAL_MS = 1.0
 
@@ -70,8 +69,8 @@ def modules(python: Path, env: dict[str, str]) -> set[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=40)
+    parser = Parser(__doc__)
+    parser.add_argument("--runs", type=positive_int, default=40, help="interpreter starts per case (default 40)")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON"))}
     with tempfile.TemporaryDirectory() as tmp:
