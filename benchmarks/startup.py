@@ -76,7 +76,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         off = make_venv(Path(tmp, "off"), shim_pth=False)
         on = make_venv(Path(tmp, "on"), shim_pth=True)
-        cases = {
+        cases: dict[str, list[str | Path]] = {
             "python -c pass (no .pth)": [off, "-c", "pass"],
             "python -c pass (.pth enabled)": [on, "-c", "pass"],
             "python -c 'import te_offload_shim'": [off, "-c", "import te_offload_shim"],
@@ -101,7 +101,7 @@ def main() -> None:
     foreign = [m for m in added if m != "te_offload_shim" and not m.startswith("te_offload_shim.")]
     print(f"modules added at start-up by the .pth: {', '.join(added)}")
     print(f"of which outside te_offload_shim: {', '.join(foreign) or 'none'}")
-    on, imported = med["python -c pass (.pth enabled)"], med["python -c 'import te_offload_shim'"]
+    with_pth, imported = med["python -c pass (.pth enabled)"], med["python -c 'import te_offload_shim'"]
     common = {"benchmark": "start-up", "unit": "ms", "reference": base, "repeats": args.runs}
     emit(
         {
@@ -110,9 +110,9 @@ def main() -> None:
                 {
                     **common,
                     "case": "interpreter start, .pth active",
-                    "ours": on,
-                    "ratio": on / base,
-                    "note": f"python -c pass with the shim's .pth vs without; added {on - base:+.2f} ms",
+                    "ours": with_pth,
+                    "ratio": with_pth / base,
+                    "note": f"python -c pass with the shim's .pth vs without; added {with_pth - base:+.2f} ms",
                 },
                 {
                     **common,
