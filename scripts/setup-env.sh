@@ -40,7 +40,9 @@ else
   step 7 "wrapt 1.17 -> .deps/wrapt-1"
   [[ -d .deps/wrapt-1/wrapt ]] || pip --no-deps --target .deps/wrapt-1 "wrapt==1.17.*"
   # Transformer Engine's pure-Python code, one --no-deps folder per release (harness/te_releases.py PIP)
-  TE_SPECS=(1.9.0=1.9.0.post1 1.13.0 2.1.0 2.4.0 2.8.0 2.9.0 2.10.0 2.12.0 2.16.1 2.18.0 2.19.0 2.20.2)
+  TE_SPECS=(
+    1.9.0=1.9.0.post1 1.13.0 2.1.0 2.4.0 2.8.0 2.9.0 2.10.0 2.12.0 2.16.1 2.18.0 2.19.0 2.20.2
+  )
   step 8 "Transformer Engine, ${#TE_SPECS[@]} releases -> .deps/te-X"
   k=0
   for spec in "${TE_SPECS[@]}"; do
