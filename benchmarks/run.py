@@ -10,6 +10,7 @@ JSON to benchmarks/results/latest.json (git-ignored; BENCHMARKS.md carries the p
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -116,10 +117,10 @@ def machine() -> dict[str, Any]:
                 info["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
     except OSError:
         pass
-    probe = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
-    )
-    info["torch"] = probe.stdout.strip() or None
+    try:  # the installed distribution's version: what torch.__version__ says, without importing torch
+        info["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        info["torch"] = None
     return info
 
 

@@ -11,7 +11,8 @@ echo "--- ruff, ruff format, mypy"
 .venv/bin/ruff format --check .
 .venv/bin/mypy te_offload_shim
 echo "--- the suite (pytest -n 2)"
-.venv/bin/python -m pytest -n 2 -q "$@"
+# loadgroup: the tests of one xdist_group (tests/test_te_real.py, which share one probe run) on one worker
+.venv/bin/python -m pytest -n 2 --dist loadgroup -q "$@"
 if [[ $# -eq 0 ]]; then
   echo "--- the wrapper's own tests again under wrapt 1.x ($(ls -d .deps/wrapt-1/wrapt-*.dist-info | sed 's/.*wrapt-\(.*\)\.dist-info/\1/'))"
   TEST_PYTHONPATH_PREFIX="$PWD/.deps/wrapt-1" TEST_EXPECT_WRAPT_MAJOR=1 .venv/bin/python -m pytest -n 2 -q \
