@@ -8,11 +8,13 @@ collection triggered by one side is not billed to the other.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
 import statistics
 import sys
+import textwrap
 import time
 import warnings
 from collections.abc import Callable
@@ -22,6 +24,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 DEPS = REPO / ".deps"
 RESULT_PREFIX = "RESULT "
+WIDTH = 120  # the widest line a printed table may have; longer notes wrap under their column
+QUICK_NOTE = "--quick: tiny configurations, few repeats: these figures only show that it runs; do not quote them"
 
 
 def use_repo(verl: str | None = None) -> None:
@@ -103,13 +107,52 @@ def row(benchmark: str, case: str, figures: dict[str, Any], unit: str = "ms", **
     return out
 
 
+def description(doc: str) -> str:
+    """The first paragraph of a script's docstring, whole, for --help (argparse rewraps it)."""
+    return " ".join(doc.strip().split("\n\n", 1)[0].split())
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, `prog: error: ... (see --help)`, exit status 2."""
+
+    def __init__(self, doc: str, **kwargs: Any) -> None:
+        super().__init__(description=description(doc), **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def output_file(text: str) -> Path:
+    """An argparse type: a file path to write, whose folder exists or can be made (made here)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"cannot create the folder of {text}: {exc.strerror or exc}") from None
+    return path
+
+
 def main(run: Callable[[bool], dict[str, Any]], doc: str, quick_help: str, argv: list[str] | None = None) -> None:
     """The command line every table benchmark shares: `--quick`, print the table, emit the result."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser = Parser(doc)
     parser.add_argument("--quick", action="store_true", help=quick_help)
-    result = run(parser.parse_args(argv).quick)
+    quick = parser.parse_args(argv).quick
+    result = run(quick)
+    if quick:
+        print(QUICK_NOTE)
     print(table(result["rows"]))
     emit(result)
 
@@ -132,8 +175,11 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
-    """The rows side by side: ours, reference, ratio (ours / reference), note."""
+def table(rows: list[dict[str, Any]], markdown: bool = False, width: int = WIDTH) -> str:
+    """The rows side by side: ours, reference, ratio (ours / reference), note.
+
+    Plain text keeps every line within `width`: a long case or note wraps onto continuation lines
+    under its own column (Markdown rows stay one line each: a renderer wraps them)."""
     head = ["benchmark", "case", "ours", "reference", "unit", "ratio", "note"]
     cells = [
         [
@@ -152,8 +198,19 @@ def table(rows: list[dict[str, Any]], markdown: bool = False) -> str:
         lines += ["| " + " | ".join(c) + " |" for c in cells]
         return "\n".join(lines)
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join([fmt.format(*head), fmt.format(*("-" * w for w in widths)), *(fmt.format(*c) for c in cells)])
+    widths[1] = min(widths[1], 36)  # a long case wraps rather than squeezing the note
+    # the note takes what is left of the line (2 spaces between columns), at least 24 characters
+    widths[-1] = max(24, width - sum(widths[:-1]) - 2 * (len(head) - 1))
+    out = [_line(head, widths), _line(["-" * w for w in widths], widths)]
+    for c in cells:
+        wrapped = [textwrap.wrap(text, w, break_on_hyphens=False) or [""] for text, w in zip(c, widths, strict=True)]
+        for i in range(max(len(parts) for parts in wrapped)):
+            out.append(_line([parts[i] if i < len(parts) else "" for parts in wrapped], widths))
+    return "\n".join(out)
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(f"{c:<{w}}" for c, w in zip(cells, widths, strict=True)).rstrip()
 
 
 def quiet_env() -> dict[str, str]:

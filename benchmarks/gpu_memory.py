@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, emit, parse_result, quiet_env
+from _common import REPO, Parser, emit, output_file, parse_result, positive_int, quiet_env
 
 MiB = 1 << 20
 SIZES = {"full": {"layers": 4, "hidden": 2048}, "dry": {"layers": 2, "hidden": 64}}
@@ -238,12 +238,17 @@ def run(dry_run: bool = False, layers: int | None = None, hidden: int | None = N
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(__doc__)
     parser.add_argument("--dry-run", action="store_true", help="the same code path on CPU; memory figures n/a")
-    parser.add_argument("--layers", type=int, default=None)
-    parser.add_argument("--hidden", type=int, default=None)
+    full, dry = SIZES["full"], SIZES["dry"]
+    parser.add_argument(
+        "--layers", type=positive_int, help=f"transformer layers (default {full['layers']}, {dry['layers']} dry)"
+    )
+    parser.add_argument(
+        "--hidden", type=positive_int, help=f"hidden size (default {full['hidden']}, {dry['hidden']} dry)"
+    )
     parser.add_argument("--case", choices=("without", "with"), help=argparse.SUPPRESS)
-    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    parser.add_argument("--json", type=output_file, default=None, help="also write the result here")
     args = parser.parse_args(argv)
     if args.case:  # the child: one case in this fresh interpreter
         size = SIZES["dry" if args.dry_run else "full"]
@@ -256,7 +261,6 @@ def main(argv: list[str] | None = None) -> None:
     print(report(result["cases"]) + "\n(MiB; free = the driver's view, torch.cuda.mem_get_info)")
     print("as expected" if result["ok"] else "NOT as expected: " + "; ".join(result["problems"]))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))
     emit(result)
     sys.exit(0 if result["ok"] else 1)

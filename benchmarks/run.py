@@ -10,7 +10,7 @@ JSON to benchmarks/results/latest.json (git-ignored; BENCHMARKS.md carries the p
 
 from __future__ import annotations
 
-import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, parse_result, quiet_env, table
+from _common import QUICK_NOTE, REPO, Parser, output_file, parse_result, quiet_env, table
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "latest.json"
@@ -117,31 +117,40 @@ def machine() -> dict[str, Any]:
                 info["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
     except OSError:
         pass
-    probe = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
-    )
-    info["torch"] = probe.stdout.strip() or None
+    try:  # the installed distribution's version: what torch.__version__ says, without importing torch
+        info["torch"] = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        info["torch"] = None
     return info
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny configurations: checks that all run, no figures")
+    parser = Parser(__doc__)
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny configurations, few repeats: checks that every benchmark runs; its figures are not to be quoted",
+    )
     parser.add_argument("--only", default=",".join(ORDER), help=f"comma-separated subset of {','.join(ORDER)}")
-    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the JSON (default {RESULTS})")
+    parser.add_argument(
+        "--json", type=output_file, default=RESULTS, help=f"where to write the JSON (default {RESULTS})"
+    )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args(argv)
     only = tuple(n.strip() for n in args.only.split(",") if n.strip())
     unknown = set(only) - set(ORDER)
     if unknown:
-        parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+        parser.error(f"unknown benchmark(s) in --only: {', '.join(sorted(unknown))} (known: {', '.join(ORDER)})")
+    if not only:
+        parser.error(f"--only names no benchmark (known: {', '.join(ORDER)})")
     result = run_all(args.quick, only)
     m = result["machine"]
     cpu = f"{m.get('cpu', '?')}, {m['cpus']} CPUs, {m.get('memory_gib', '?')} GiB"
     print(f"{cpu}; Python {m['python']}, torch {m['torch']}")
+    if args.quick:
+        print(QUICK_NOTE)
     print(table(result["rows"], markdown=args.markdown))
     print("ratio = ours / reference (lower is better); every figure a median over the repeats shown in the JSON")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2))
     print(f"written: {args.json}")
     return 1 if any(r.get("error") for r in result["results"].values()) else 0

@@ -11,7 +11,6 @@ load drifts over both alike; medians of --runs each.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import statistics
@@ -27,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from te_offload_shim.activation import pth  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit  # noqa: E402
+from _common import Parser, emit, positive_int  # noqa: E402
 
 GOAL_MS = 1.0
 
@@ -70,14 +69,14 @@ def modules(python: Path, env: dict[str, str]) -> set[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=40)
+    parser = Parser(__doc__)
+    parser.add_argument("--runs", type=positive_int, default=40, help="interpreter starts per case (default 40)")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON"))}
     with tempfile.TemporaryDirectory() as tmp:
         off = make_venv(Path(tmp, "off"), shim_pth=False)
         on = make_venv(Path(tmp, "on"), shim_pth=True)
-        cases = {
+        cases: dict[str, list[str | Path]] = {
             "python -c pass (no .pth)": [off, "-c", "pass"],
             "python -c pass (.pth enabled)": [on, "-c", "pass"],
             "python -c 'import te_offload_shim'": [off, "-c", "import te_offload_shim"],
@@ -102,7 +101,7 @@ def main() -> None:
     foreign = [m for m in added if m != "te_offload_shim" and not m.startswith("te_offload_shim.")]
     print(f"modules added at start-up by the .pth: {', '.join(added)}")
     print(f"of which outside te_offload_shim: {', '.join(foreign) or 'none'}")
-    on, imported = med["python -c pass (.pth enabled)"], med["python -c 'import te_offload_shim'"]
+    with_pth, imported = med["python -c pass (.pth enabled)"], med["python -c 'import te_offload_shim'"]
     common = {"benchmark": "start-up", "unit": "ms", "reference": base, "repeats": args.runs}
     emit(
         {
@@ -111,9 +110,9 @@ def main() -> None:
                 {
                     **common,
                     "case": "interpreter start, .pth active",
-                    "ours": on,
-                    "ratio": on / base,
-                    "note": f"python -c pass with the shim's .pth vs without; added {on - base:+.2f} ms",
+                    "ours": with_pth,
+                    "ratio": with_pth / base,
+                    "note": f"python -c pass with the shim's .pth vs without; added {with_pth - base:+.2f} ms",
                 },
                 {
                     **common,

@@ -6,6 +6,7 @@ sides of each comparison did the same work, without the shim the caches stay, wi
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -41,6 +42,12 @@ def _run(script: str, *args: str, timeout: int = 240, **extra_env: str) -> tuple
     return result, proc.stdout
 
 
+def _assert_within_width(stdout: str) -> None:
+    """Every printed line but the machine-readable result fits the table width."""
+    wide = [line for line in stdout.splitlines() if not line.startswith(_common.RESULT_PREFIX)]
+    assert max(map(len, wide)) <= _common.WIDTH, "\n".join(line for line in wide if len(line) > _common.WIDTH)
+
+
 def _verl(version: str) -> None:
     if not (REPO / ".deps" / f"verl-{version}" / "verl").is_dir():
         pytest.skip(f"verl {version} not installed (scripts/setup-env.sh)")
@@ -71,6 +78,8 @@ def test_walk_both_sides_clear_the_same_tree() -> None:
         assert case["cleared"] == {"ours": [case["entries"]], "reference": [case["entries"]]}
         assert case["ours_s"] > 0 and case["reference_s"] > 0 and case["walk_only"]["ours_s"] > 0
     assert "clearing walk" in stdout and "ratio" in stdout
+    assert _common.QUICK_NOTE in stdout
+    _assert_within_width(stdout)
 
 
 def test_residue_audit_runs_the_audit_and_counts_the_resident_tree() -> None:
@@ -82,17 +91,19 @@ def test_residue_audit_runs_the_audit_and_counts_the_resident_tree() -> None:
     assert case["worst_by_category"]["fp8_workspaces"] > 0 and case["worst_by_category"]["parameters"] > 0
     assert case["after_offload"]["ours_s"] > 0 and case["worst"]["reference_s"] > 0
     assert "residue audit" in stdout
+    _assert_within_width(stdout)  # its notes are the longest: they wrap under the note column
 
 
 def test_offload_overhead_same_offload_work_except_clearing() -> None:
     _verl("0.8.0")
-    result, _ = _run("offload_overhead.py", "--quick")
+    result, stdout = _run("offload_overhead.py", "--quick")
     entries = result["cache_entries"]
     assert entries > 0 and result["cache_bytes"] > 0
     assert result["entries_left"] == {"ours": [0], "reference": [entries]}
     assert result["shim_stats"]["entries"] >= entries * result["repeats"]
     assert result["shim_alone_ms"] > 0 and 0 < result["shim_alone_share"] < 1
     assert [r["benchmark"] for r in result["rows"]] == ["per-offload", "per-offload"]
+    _assert_within_width(stdout)
 
 
 def test_gpu_memory_dry_run(tmp_path: Path) -> None:
@@ -150,8 +161,10 @@ def test_run_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert set(result["results"]) == {"gpu"} and result["machine"]["cpus"]
     assert result["rows"] and all(r["benchmark"] == "gpu memory" for r in result["rows"])
-    header = proc.stdout.splitlines()[1].split()
-    assert header[:6] == ["benchmark", "case", "ours", "reference", "unit", "ratio"]
+    lines = proc.stdout.splitlines()
+    assert lines[1] == _common.QUICK_NOTE, "a --quick run says its figures are not to be quoted"
+    assert lines[2].split()[:6] == ["benchmark", "case", "ours", "reference", "unit", "ratio"]
+    _assert_within_width(proc.stdout)
 
 
 def test_table_puts_ours_reference_and_ratio_side_by_side() -> None:
@@ -160,6 +173,60 @@ def test_table_puts_ours_reference_and_ratio_side_by_side() -> None:
     assert text[2].split()[:6] == ["walk", "10", "modules", "1.000", "4.000", "ms"]
     assert "0.250" in text[2]
     assert _common.table(rows, markdown=True).startswith("| benchmark | case | ours | reference |")
+
+
+def test_table_wraps_long_cases_and_notes_under_their_column() -> None:
+    figures = {"ours_s": 0.5, "reference_s": 0.1, "ratio": 5.0, "repeats": 3}
+    note = "audit.begin+finish (walk, report, log line), nothing on a device, caches cleared " * 3
+    case = "100,006 modules: after the shim's offload, everything resident"
+    rows = [_common.row("residue audit", case, figures, note=note), _common.row("walk", "10 modules", figures)]
+    lines = _common.table(rows).splitlines()
+    assert max(map(len, lines)) <= _common.WIDTH
+    case_at, ours_at, note_at = (lines[0].index(h) for h in ("case", "ours", "note"))
+    walk = next(i for i, line in enumerate(lines) if line.startswith("walk "))
+    first = lines[2:walk]
+    assert len(first) > 2 and all(line[:case_at].strip() == "" for line in first[1:]), "continuations are indented"
+    # nothing lost: the wrapped words read back as the case and the note
+    assert " ".join(line[case_at:ours_at].strip() for line in first).split() == case.split()
+    assert " ".join(line[note_at:] for line in first).split() == note.split()
+
+
+SCRIPTS = ("walk.py", "offload_overhead.py", "residue.py", "startup.py", "run.py", "gpu_memory.py")
+# walk.py and residue.py import torch at their top (10-15 s on the CI VM): their --help is the
+# shared `_common.main` one, exercised here through offload_overhead.py, with their own docstring.
+CHEAP_HELP = ("offload_overhead.py", "startup.py", "run.py", "gpu_memory.py")
+
+
+def test_help_says_the_whole_first_paragraph_and_every_option() -> None:
+    for script in SCRIPTS:
+        doc = ast.get_docstring(ast.parse((BENCH / script).read_text())) or ""
+        first = _common.description(doc)
+        assert first.endswith("."), f"{script}: the docstring's first paragraph is not a whole sentence"
+        if script not in CHEAP_HELP:
+            continue
+        proc = subprocess.run(
+            [sys.executable, "-W", "ignore", str(BENCH / script), "--help"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "100", "PYTHONPATH": str(REPO)},
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert first in " ".join(proc.stdout.split()), f"{script} --help cuts its description:\n{proc.stdout}"
+        options = proc.stdout.split("options:", 1)[1]
+        bare = [line for line in options.splitlines() if line.strip().startswith("--") and "  " not in line.strip()]
+        assert not bare, f"{script}: options without help: {bare}"
+
+
+def test_bad_arguments_are_one_line_errors() -> None:
+    for script, args, says in (
+        ("startup.py", ["--runs", "0"], "--runs: must be at least 1, got 0"),
+        ("run.py", ["--only", "walk,wlak"], "unknown benchmark(s) in --only: wlak"),
+        ("gpu_memory.py", ["--json", str(REPO)], "is a directory, not a file"),
+    ):
+        proc = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
 
 
 def test_startup_rows_and_nothing_foreign_at_start_up() -> None:

@@ -6,7 +6,7 @@ loading are replaced: harness/te_import.py). The probe builds real objects from 
 sizes and records what the shim counted and cleared; these tests assert on that record, one test id
 per release and class / module, so CI shows each release's pass or skip (`-rs` gives the reasons).
 The probes run once per test session in one process (one forked child per release), shared by the
-xdist workers through a file lock.
+xdist workers through a file lock (one worker, with `--dist loadgroup`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ import pytest
 from harness import te_releases
 
 REPO = Path(__file__).resolve().parent.parent
+# Every test here waits for the one probe run: under `pytest -n 2 --dist loadgroup` (scripts/test.sh)
+# they all go to one worker, so the other keeps running other tests instead of waiting on the lock.
+pytestmark = pytest.mark.xdist_group("te-probe")
 INSTALLED = [r for r in te_releases.RELEASES if te_releases.installed(r)]
 
 

@@ -1,0 +1,121 @@
+"""Smoke test of the package's standard-library parts on every supported Python (scripts/test.sh
+runs this folder with CPython 3.10, 3.12 and 3.13, each from a venv holding only wrapt and pytest;
+the main suite runs it on the venv's Python).
+
+Each check starts fresh interpreters of the Python running this file (`sys.executable`): the import
+watcher patching a `TE_OFFLOAD_SHIM_TARGETS` function whether its module is imported before or
+after the shim, the CLI (`--version`, `status`), the `.pth` route (`enable --site DIR`) and `run`.
+Every module of the package is compiled too, so syntax this Python lacks fails here even in a
+module no check imports (they need torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+PACKAGE = REPO / "te_offload_shim"
+TARGET = "smoke_target:offload"
+
+
+def _version() -> str:
+    for line in (PACKAGE / "__init__.py").read_text().splitlines():
+        if line.startswith("__version__ = "):
+            return line.split('"')[1]
+    raise AssertionError("no __version__ line in te_offload_shim/__init__.py")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This checkout and the target module on the path; no shim switch leaks in from ours."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE)])
+    env["TE_OFFLOAD_SHIM_TARGETS"] = TARGET
+    env.update(extra)
+    return env
+
+
+def _python(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env or _env(), cwd=cwd, timeout=60
+    )
+    assert proc.returncode == 0, f"{args} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def _probe(*args: str, env: dict[str, str] | None = None) -> dict:
+    out = _python(str(HERE / "probe.py"), *args, env=env).stdout.splitlines()
+    report = json.loads(out[-1])
+    assert report["python"] == list(sys.version_info[:2])
+    assert Path(report["shim_file"]).resolve() == PACKAGE / "__init__.py", "not this checkout's package"
+    return report
+
+
+def _patched(report: dict) -> None:
+    """The target is wrapped once, reported patched, and the call reached the original intact."""
+    assert report["layers"] == 1, report
+    assert report["row"] is not None and report["row"]["state"] == "patched", report["row"]
+    assert report["passed_through"] and report["calls"] == 1, report
+
+
+def test_every_module_compiles_on_this_python() -> None:
+    modules = sorted(PACKAGE.rglob("*.py"))
+    assert len(modules) > 20
+    for path in modules:
+        compile(path.read_text(encoding="utf-8"), str(path), "exec", dont_inherit=True)
+
+
+@pytest.mark.parametrize("shim", ["first", "after"])
+def test_watcher_patches_a_user_target(shim: str) -> None:
+    """`import te_offload_shim` before the target module (patched on its import) or after it
+    (patched at install)."""
+    report = _probe("--shim", shim)
+    assert report["shim_before_target"] is (shim == "first")
+    _patched(report)
+
+
+def test_unpatched_without_the_shim_switch() -> None:
+    """The checks above can fail: with TE_OFFLOAD_SHIM=0 the same probe finds nothing wrapped."""
+    report = _probe("--shim", "first", env=_env(TE_OFFLOAD_SHIM="0"))
+    assert report["layers"] == 0 and report["calls"] == 0 and report["passed_through"]
+
+
+def test_cli_version_and_status() -> None:
+    assert _python("-m", "te_offload_shim", "--version").stdout.strip() == f"te-offload-shim {_version()}"
+    text = _python("-m", "te_offload_shim", "status").stdout
+    assert text.splitlines()[-1] == "healthy", text
+    # no --import: in the main suite's venv that would import megatron-core (torch), 20 s
+    report = json.loads(_python("-m", "te_offload_shim", "status", "--json").stdout)
+    assert report["healthy"] and report["python"]["executable"] == sys.executable
+    assert report["python"]["version"].startswith(f"{sys.version_info[0]}.{sys.version_info[1]}.")
+    (row,) = [r for r in report["targets"] if r["target"] == TARGET]
+    assert row["user"] and row["present"] and row["would_be_patched"], row
+
+
+def test_pth_route(tmp_path: Path) -> None:
+    """`enable --site DIR` writes the .pth; an interpreter that reads DIR as a site directory is
+    patched without importing the package itself."""
+    site_dir = tmp_path / "site-packages"
+    site_dir.mkdir()
+    out = _python("-m", "te_offload_shim", "enable", "--site", str(site_dir)).stdout
+    assert (site_dir / "te_offload_shim.pth").is_file() and "te_offload_shim.pth" in out
+    report = _probe("--site", str(site_dir))
+    assert report["shim_before_target"], "the .pth line did not activate the shim"
+    _patched(report)
+    _python("-m", "te_offload_shim", "disable", "--site", str(site_dir))
+    assert not (site_dir / "te_offload_shim.pth").exists()
+
+
+def test_run_route(tmp_path: Path) -> None:
+    """`te-offload-shim run -- python probe.py`: the child is patched from its start."""
+    proc = _python("-m", "te_offload_shim", "run", "--", sys.executable, str(HERE / "probe.py"), cwd=tmp_path)
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["python"] == list(sys.version_info[:2])
+    assert report["shim_at_start"], "run did not activate the shim at the child's start"
+    _patched(report)
