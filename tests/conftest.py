@@ -6,7 +6,13 @@ like any other, and import state (the shim installed or not, which modules are l
 clean. The module holding such tests must import nothing heavy at its top: the child imports it.
 Keywords: `env` (added to the child's environment), `verl` (a release put on the path), `timeout`,
 `args` (extra pytest arguments for the child, e.g. `--assert=plain` for a pristine meta path),
-`activate` (the shim is active from interpreter start, as with `te-offload-shim run`).
+`activate` (the shim is active from interpreter start, as with `te-offload-shim run`), `fresh`.
+
+The child is forked from a fork server that has imported torch, tensordict and transformers and
+nothing of the shim or the targets (tests/zygote.py says why that is the same start for what these
+tests check, and saves about two thirds of each child's CPU). `fresh=True` (and `activate=True`)
+starts a really new interpreter: for tests of what start-up itself imports. `TEST_NO_ZYGOTE=1`
+starts every child fresh.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ CHILD = "TEST_SUBPROCESS_NODEID"  # set to the node id in the child that runs it
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "subprocess(env=None, verl=None, timeout=180, args=()): run the test in a fresh interpreter"
+        "markers",
+        "subprocess(env=None, verl=None, timeout=180, args=(), activate=False, fresh=False): run the test in a "
+        "fresh interpreter (forked from tests/zygote.py unless fresh or activate)",
     )
 
 
@@ -64,24 +72,86 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     basetemp = pyfuncitem.config._tmp_path_factory.mktemp("child", numbered=True)  # type: ignore[attr-defined]
     # The child runs one test: plugins it does not use stay out (anyio's and looponfail's imports
     # alone double a child pytest's start-up, ~0.7 s of CPU for each of these tests)
-    command = [
-        sys.executable, "-m", "pytest", pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-        "-p", "no:xdist.looponfail", "-p", "no:anyio", "-p", "no:randomly", f"--basetemp={basetemp}",
-        "--no-header", "-rN", *opts.get("args", ()),
+    args = [
+        pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:xdist.looponfail",
+        "-p", "no:anyio", "-p", "no:randomly", f"--basetemp={basetemp}", "--no-header", "-rN", *opts.get("args", ()),
     ]  # fmt: skip
+    timeout = opts.get("timeout", 180)
+    if opts.get("fresh") or opts.get("activate") or not _zygote.usable():
+        rc, out = _fresh(args, env, timeout)
+        where = "a fresh interpreter"
+    else:
+        rc, out = _zygote.run(
+            args, env, timeout, basetemp.with_name(basetemp.name + ".out")
+        )  # the child empties basetemp
+        where = "an interpreter forked from tests/zygote.py"
+    if rc is None:
+        pytest.fail(f"{where} timed out after {timeout} s:\n{out[-4000:]}", pytrace=False)
+    if rc != 0:
+        pytest.fail(f"in {where} ({rc}):\n{out[-12000:]}", pytrace=False)
+    return True
+
+
+def _fresh(args: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
     try:
         proc = subprocess.run(
-            command, capture_output=True, text=True, env=env, cwd=REPO, timeout=opts.get("timeout", 180)
+            [sys.executable, "-m", "pytest", *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=timeout
         )
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(
-            f"fresh interpreter timed out after {exc.timeout} s:\n{(exc.stdout or b'')[-4000:]!r}", pytrace=False
-        )
-    if proc.returncode != 0:
-        pytest.fail(
-            f"in a fresh interpreter ({proc.returncode}):\n{proc.stdout[-8000:]}\n{proc.stderr[-4000:]}", pytrace=False
-        )
-    return True
+        return None, repr(exc.stdout or b"")
+    return proc.returncode, proc.stdout + "\n" + proc.stderr
+
+
+class _Zygote:
+    """This worker's fork server (tests/zygote.py), started at its first use."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[str] | None = None
+        self.broken = os.environ.get("TEST_NO_ZYGOTE") == "1" or not hasattr(os, "fork")
+
+    def usable(self) -> bool:
+        return not self.broken
+
+    def _start(self) -> subprocess.Popen[str]:
+        if self.proc is None or self.proc.poll() is not None:
+            env = child_env()
+            del env["PYTHONPATH"]  # the zygote's own path stays the interpreter's; each child gets its own
+            self.proc = subprocess.Popen(
+                [sys.executable, str(REPO / "tests" / "zygote.py")],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
+            )  # fmt: skip
+        return self.proc
+
+    def run(self, args: list[str], env: dict[str, str], timeout: float, out: Path) -> tuple[int | None, str]:
+        import select
+
+        proc = self._start()
+        assert proc.stdin is not None and proc.stdout is not None
+        paths = [p for p in env["PYTHONPATH"].split(os.pathsep) if p]
+        request = {"args": args, "env": env, "cwd": str(REPO), "pythonpath": paths, "out": str(out)}
+        proc.stdin.write(json.dumps(request) + "\n")
+        proc.stdin.flush()
+        pid = json.loads(proc.stdout.readline())["pid"]
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        if not ready:
+            os.kill(pid, 9)
+            proc.stdout.readline()
+            return None, _read(out)
+        line = proc.stdout.readline()
+        if not line:
+            self.broken = True  # the zygote itself died: the remaining tests start fresh interpreters
+            return 71, "the zygote died\n" + _read(out)
+        return json.loads(line)["rc"], _read(out)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+_zygote = _Zygote()
 
 
 PRELUDE = """

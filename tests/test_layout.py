@@ -23,7 +23,7 @@ def test_the_start_up_path_watches_exactly_the_modules_of_the_table() -> None:
     assert list(te_offload_shim.BUILTIN_MODULES) == list(dict.fromkeys(t.module for t in BUILTIN))
 
 
-@pytest.mark.subprocess()
+@pytest.mark.subprocess(fresh=True)
 def test_import_loads_two_modules_of_ours_and_nothing_else() -> None:
     before = set(sys.modules)
     import te_offload_shim
@@ -32,7 +32,7 @@ def test_import_loads_two_modules_of_ours_and_nothing_else() -> None:
     assert set(sys.modules) - before == {"te_offload_shim", "te_offload_shim._watch"}
 
 
-@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_STRICT": "1"})
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_STRICT": "1"}, fresh=True)
 def test_a_switch_set_adds_only_the_switches_module() -> None:
     before = set(sys.modules)
     import te_offload_shim

@@ -48,7 +48,8 @@ def test_a_child_forked_while_every_lock_is_held_can_patch_clear_and_report(tmp_
     import warnings
 
     import te_offload_shim
-    from te_offload_shim import _log, _offload, _patch  # noqa: F401  (their locks are held too)
+    from te_offload_shim import _log
+    from te_offload_shim.engine import handler, patch  # noqa: F401  (their locks are held too)
 
     write_module(tmp_path, "fork_target", "def offload(models):\n    return 'offloaded'\n")
     layer = cached_layer()
