@@ -199,7 +199,7 @@ def test_audit_fails_open_even_in_strict_mode(
     assert sum("residue audit (locate) failed" in r.getMessage() for r in caplog.records) == 1
 
 
-@pytest.mark.subprocess()
+@pytest.mark.subprocess(fresh=True)
 def test_import_loads_neither_the_report_nor_torch() -> None:
     import sys
 
