@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from te_offload_shim.reports.residue import ResidueReport
     from te_offload_shim.te.caches import CacheReport, ShimError, Skipped
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = [
     "CacheReport",
     "ResidueReport",
