@@ -9,7 +9,7 @@ offload, so how to open a value is worked out once per class and remembered.
 from __future__ import annotations
 
 from itertools import chain
-from operator import attrgetter, methodcaller
+from operator import attrgetter
 from typing import Any
 
 # Where the bytes of a cached value live, by TE release (transformer_engine/pytorch/...). Checked
@@ -197,23 +197,13 @@ def storages(values: Any, torch: Any) -> dict[int, int]:
     return storages_of(_tensors(values, torch), torch)
 
 
-_untyped_storage = methodcaller("untyped_storage")
-_data_ptr = methodcaller("data_ptr")
-_nbytes = methodcaller("nbytes")
-
-
-def storages_of(tensors: list[Any], torch: Any = None) -> dict[int, int]:
-    """{storage address: storage nbytes} of plain tensors; the loops run in C (map), not bytecode.
-
-    With `torch`, the C methods are called unbound (`TensorBase.untyped_storage`...): no method
-    lookup and no bound method per tensor, a quarter of this function's time (benchmarks/walk.py)."""
-    if torch is None:
-        held = list(map(_untyped_storage, tensors))
-        found = dict(zip(map(_data_ptr, held), map(_nbytes, held), strict=True))
-    else:
-        storage = torch._C.StorageBase
-        held = list(map(torch._C.TensorBase.untyped_storage, tensors))
-        found = dict(zip(map(storage.data_ptr, held), map(storage.nbytes, held), strict=True))
+def storages_of(tensors: list[Any], torch: Any) -> dict[int, int]:
+    """{storage address: storage nbytes} of plain tensors; the loops run in C (map), not bytecode,
+    and call torch's C methods unbound (`TensorBase.untyped_storage`...): no method lookup and no
+    bound method per tensor, a quarter of this function's time (benchmarks/walk.py)."""
+    storage = torch._C.StorageBase
+    held = list(map(torch._C.TensorBase.untyped_storage, tensors))
+    found = dict(zip(map(storage.data_ptr, held), map(storage.nbytes, held), strict=True))
     found.pop(0, None)  # empty storages (and meta tensors) hold nothing
     return found
 
