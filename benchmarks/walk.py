@@ -17,6 +17,10 @@ experts {linear_fc1, linear_fc2 (TE GroupedLinear, E experts each), activation_f
 shared_experts {linear_fc1, linear_fc2 (TE Linear), activation_func}}. With E=8 that is ~0.95
 entries per module, the density of verl issue #6953 (2,148 entries cleared per rank of GLM-4.7).
 
+A second tree, the worst case for the accounting (issue 11): a flat list of plain modules, each with
+one parameter and one cache entry of four inner tensors. There the reference never raises (every
+module has the attribute), so it pays least per entry, and ours pays four inner tensors per module.
+
     .venv/bin/python benchmarks/walk.py [--quick]
 """
 
@@ -102,12 +106,33 @@ def build_tree(modules: int, experts: int = 8, value_class: Any = None) -> tuple
     return root, refills
 
 
-def measure(modules: int, repeats: int, experts: int = 8) -> dict[str, Any]:
+class Plain(nn.Module):
+    """A plain module holding one blockwise-like cache entry, as a TE layer's forward leaves it."""
+
+    def __init__(self, value_class: Any) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(DIM, DIM))
+        self.__dict__["_fp8_workspaces"] = {"weight": value_class(self.weight)}
+
+
+def build_flat(modules: int, value_class: Any = None) -> tuple[nn.Module, list[tuple[dict, dict]]]:
+    """`modules` modules: a root, a ModuleList, and plain modules with one entry each."""
+    value_class = value_class or te_standins.Float8BlockwiseQTensorV2
+    root = Container()
+    root.layers = nn.ModuleList(Plain(value_class) for _ in range(max(1, modules - 2)))
+    refills = [(ws, dict(ws)) for ws in (m.__dict__["_fp8_workspaces"] for m in root.layers)]
+    return root, refills
+
+
+TREES = {"moe": build_tree, "flat": build_flat}
+
+
+def measure(modules: int, repeats: int, tree: str = "moe") -> dict[str, Any]:
     from verl.utils.megatron_utils import _clear_te_fp8_weight_workspaces as reference
 
     from te_offload_shim.te.caches import _walk, clear_fp8_workspaces
 
-    root, refills = build_tree(modules, experts)
+    root, refills = TREES[tree](modules)
     n_modules = sum(1 for _ in root.modules())
     n_entries = sum(len(entries) for _, entries in refills)
     cleared: dict[str, list[int]] = {"ours": [], "reference": []}
@@ -129,6 +154,7 @@ def measure(modules: int, repeats: int, experts: int = 8) -> dict[str, Any]:
     refill()
     report = clear_fp8_workspaces([root])
     return {
+        "tree": tree,
         "walk_only": walk_only,
         "modules": n_modules,
         "te_modules": len(refills),
@@ -144,25 +170,26 @@ SIZES = {"full": ((10_000, 15), (100_000, 7)), "quick": ((500, 3), (2_000, 3))}
 
 def run(quick: bool = False) -> dict[str, Any]:
     rows, cases = [], []
-    for modules, repeats in SIZES["quick" if quick else "full"]:
-        m = measure(modules, repeats)
-        cases.append(m)
-        rows.append(
-            row(
-                "clearing walk",
-                f"{m['modules']:,} modules, {m['entries']:,} entries",
-                m,
-                note="ours (with byte accounting) vs verl 0.9.1 _clear_te_fp8_weight_workspaces; goal <= 1.0",
+    for tree, label, goal in (("moe", "MoE-like", "; goal <= 1.0"), ("flat", "flat, 1 entry/module", "")):
+        for modules, repeats in SIZES["quick" if quick else "full"]:
+            m = measure(modules, repeats, tree)
+            cases.append(m)
+            rows.append(
+                row(
+                    "clearing walk",
+                    f"{label}: {m['modules']:,} modules, {m['entries']:,} entries",
+                    m,
+                    note=f"ours (with byte accounting) vs verl 0.9.1 _clear_te_fp8_weight_workspaces{goal}",
+                )
             )
-        )
-        rows.append(
-            row(
-                "clearing walk",
-                f"{m['modules']:,} modules: walk only",
-                m["walk_only"],
-                note="te_caches._walk alone (no accounting, no clearing) vs the same reference",
+            rows.append(
+                row(
+                    "clearing walk",
+                    f"{label}: {m['modules']:,} modules: walk only",
+                    m["walk_only"],
+                    note="te_caches._walk alone (no accounting, no clearing) vs the same reference",
+                )
             )
-        )
     return {"benchmark": "walk", "quick": quick, "rows": rows, "cases": cases}
 
 

@@ -70,7 +70,8 @@ def test_ab_alternates_prepares_and_takes_medians() -> None:
 def test_walk_both_sides_clear_the_same_tree() -> None:
     _verl("0.9.1")
     result, stdout = _run("walk.py", "--quick")
-    assert len(result["cases"]) == 2 and len(result["rows"]) == 4
+    assert len(result["cases"]) == 4 and len(result["rows"]) == 8
+    assert [case["tree"] for case in result["cases"]] == ["moe", "moe", "flat", "flat"]
     for case in result["cases"]:
         assert case["modules"] >= 400 and case["te_modules"] > 0
         assert case["entries"] > 0 and case["bytes_accounted"] > 0

@@ -406,3 +406,27 @@ def test_fp8_primary_weight_transpose_dropped_only_where_te_rebuilds_it_and_neve
     assert (report.primary_weight_cleared, report.primary_weight_bytes) == (
         (transpose_bytes, 0) if dropped else (0, transpose_bytes)
     )
+
+
+def test_storage_shared_across_counting_passes_counts_once_and_the_collector_is_left_as_found() -> None:
+    """The accounting counts `sizes.STEP` values per pass into one table: a storage that entries in
+    two passes share counts once. The call turns the cyclic collector off while it runs, and must
+    leave it as it found it, on or off."""
+    import gc
+
+    layers = torch.nn.ModuleList(te.TELinearStandIn(4, 4) for _ in range(te_bytes.STEP + 8))
+    values = [te.Float8TensorV2(layer.weight.detach()) for layer in layers]
+    values[-1]._scale_inv = values[0]._scale_inv  # first pass and last pass share one storage
+    entries = [{"weight": value} for value in values]
+    expected = oracle_bytes(values)
+    assert expected < sum(t.untyped_storage().nbytes() for v in values for t in te.inner_tensors(v))
+    for enabled in (True, False):
+        for layer, entry in zip(layers, entries, strict=True):
+            te.attach_workspaces(layer, entry)
+        (gc.enable if enabled else gc.disable)()
+        try:
+            report = clear_fp8_workspaces([layers])
+            assert gc.isenabled() is enabled
+        finally:
+            gc.enable()
+        assert (report.bytes, report.entries, report.bytes_shared) == (expected, len(values), 0)

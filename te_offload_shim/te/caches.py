@@ -23,6 +23,7 @@ them is `sizes`'s job.
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -303,6 +304,21 @@ def _owns_any(d: dict, param_ids: set[int] | None) -> bool:
 
 
 def _process(models: object, clear: bool, strict: bool | None, params: Iterable[Any] | None = None) -> CacheReport:
+    # The walk and the accounting allocate a few objects per module and per cache entry (lists
+    # growing, one storage object per inner tensor). On a model of a million modules that wakes the
+    # cyclic collector again and again, and each pass traverses the tracked objects of the whole
+    # process (the model included) to find nothing: nothing made here forms a cycle. So it is off
+    # for the call, and only when it was on (a program that turned it off keeps it off).
+    if not gc.isenabled():
+        return _process_all(models, clear, strict, params)
+    gc.disable()
+    try:
+        return _process_all(models, clear, strict, params)
+    finally:
+        gc.enable()
+
+
+def _process_all(models: object, clear: bool, strict: bool | None, params: Iterable[Any] | None) -> CacheReport:
     torch = _torch()
     report = CacheReport(cleared=clear)
     if torch is None:
@@ -344,7 +360,11 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
             primary_weight_copies(index, modern, torch, report, clear, chunk, tree.graph_mark)
         except Exception as exc:  # the caches below are cleared all the same
             _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
-        live = [(m, d[WORKSPACES]) for m, d in modern if _nonempty(d[WORKSPACES])]
+        live = []
+        for module, d in modern:
+            workspaces = d[WORKSPACES]
+            if workspaces if type(workspaces) is dict else _nonempty(workspaces):  # a dict's truth never raises
+                live.append((module, workspaces))
         if not live:
             continue
         try:
@@ -362,8 +382,7 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
             )
             report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(_count(w) for _, w in live)))
             continue
-        for module, workspaces in live:
-            _clear_module(names, module, workspaces, torch, clear, counted, report)
+        counted.take(names, live, torch, clear, report)
     counted.account(torch, report)
     if clear and before is not None:
         after = _allocated(torch)
@@ -481,16 +500,15 @@ def _drop_transpose(param: Any, report: CacheReport) -> bool:
 
 class _Batch:
     """The values popped in one call, with their modules' parameters: their bytes are counted once,
-    together, at the end of the call (one pass and one storage table instead of one per module; a
-    storage two entries share counts once). They are held only until then."""
-
-    FLUSH = 2048  # values per pass: big enough to amortise the pass, small enough to stay in cache
+    together, at the end of the call (one pass and one storage table for the whole call, not one
+    per module; a storage two entries share counts once). They are held only until then: the
+    offload frees memory after the call returns, and they were all alive when it began."""
 
     def __init__(self) -> None:
         self.values: list[Any] = []
         self.params: list[Any] = []
         self.owners: list[tuple[Any, int, int]] = []  # (module, first value, end), for error messages
-        self.counted: set[int] = set()  # storages counted by earlier passes of this call
+        self.counted: set[int] = set()  # storages counted for earlier modules, when counting module by module
 
     def add(self, module: Any, values: list[Any], torch: Any, report: CacheReport) -> None:
         start = len(self.values)
@@ -499,15 +517,36 @@ class _Batch:
         own = module.__dict__.get("_parameters")
         if own:
             self.params += own.values()
-        if len(self.values) >= self.FLUSH:
-            self.account(torch, report)
+
+    def take(self, names: _Names, live: list[tuple[Any, Any]], torch: Any, clear: bool, report: CacheReport) -> None:
+        """Take (and, when clearing, clear) the entries of these modules. A plain dict, the layout of
+        every TE release that has one, is read and cleared inline: neither can raise, and this runs
+        once per TE layer of the model. Anything else goes the careful way (_clear_module)."""
+        values, params, owners = self.values, self.params, self.owners
+        entries = modules = 0
+        for module, workspaces in live:
+            if type(workspaces) is not dict:
+                _clear_module(names, module, workspaces, torch, clear, self, report)
+                continue
+            start = len(values)
+            values += workspaces.values()
+            owners.append((module, start, len(values)))
+            own = module.__dict__.get("_parameters")
+            if own:
+                params += own.values()
+            if clear:
+                workspaces.clear()
+            entries += len(values) - start
+            modules += 1
+        report.entries += entries
+        report.modules += modules
 
     def account(self, torch: Any, report: CacheReport) -> None:
         if not self.values:
             return
         try:
             try:
-                freed, shared = sizes.count(self.values, self.params, torch, self.counted)
+                freed, shared = sizes.count(self.values, self.params, torch)
             except Exception:  # find the module whose values cannot be counted; count the others
                 freed = shared = 0
                 counted = self.counted

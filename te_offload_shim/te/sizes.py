@@ -8,8 +8,8 @@ offload, so how to open a value is worked out once per class and remembered.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from operator import attrgetter, methodcaller
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 # Where the bytes of a cached value live, by TE release (transformer_engine/pytorch/...). Checked
@@ -148,26 +148,39 @@ def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> Non
 
 
 def _tensors(values: Any, torch: Any) -> list[Any]:
-    """The plain tensors holding `values`, None-free. The hot loop of the accounting: one attribute
-    getter call per value of a known class, no call per tensor."""
-    found: list[Any] = []
-    extend = found.extend
-    plans = _plans
-    for value in values:
-        plan = plans.get(type(value))
-        if plan is not None and plan[2]:
-            try:
-                extend(plan[1](value))
-                continue
-            except AttributeError:
-                pass
-        inner_tensors(value, torch, found)
-    out = [t for t in found if t is not None]
+    """The plain tensors holding `values`, None-free. The hot loop of the accounting: when every
+    value is of one known class (the usual chunk: one TE recipe), one attribute getter per value in
+    `map`, no bytecode per value or per tensor; otherwise one getter call per value."""
     plain = (torch.Tensor, torch.nn.Parameter)
-    odd = [t for t in out if type(t) not in plain]
-    if not odd:
+    kinds = set(map(type, values))
+    plan = _plans.get(kinds.pop()) if len(kinds) == 1 else None
+    found: list[Any] | None = None
+    if plan is not None and plan[2]:
+        try:
+            found = list(chain.from_iterable(map(plan[1], values)))
+        except AttributeError:  # an instance missing a field: the careful loop below
+            found = None
+    if found is None:
+        found = []
+        extend = found.extend
+        plans = _plans
+        for value in values:
+            plan = plans.get(type(value))
+            if plan is not None and plan[2]:
+                try:
+                    extend(plan[1](value))
+                    continue
+                except AttributeError:
+                    pass
+            inner_tensors(value, torch, found)
+    kinds = set(map(type, found))
+    if kinds.issubset(plain):
+        return found
+    out = [t for t in found if t is not None]
+    if kinds.issubset((*plain, type(None))):
         return out
     # a field that held a tensor when its class was planned holds a storage now: open it
+    odd = [t for t in out if type(t) not in plain]
     out = [t for t in out if type(t) in plain]
     for t in odd:
         nested: list[Any] = []
@@ -181,62 +194,74 @@ def storages(values: Any, torch: Any) -> dict[int, int]:
 
     Keyed by address alone: CUDA's unified virtual addressing gives host and every device
     disjoint addresses, so an address names one storage in the process."""
-    return storages_of(_tensors(values, torch))
+    return storages_of(_tensors(values, torch), torch)
 
 
-_untyped_storage = methodcaller("untyped_storage")
-_data_ptr = methodcaller("data_ptr")
-_nbytes = methodcaller("nbytes")
-
-
-def storages_of(tensors: list[Any]) -> dict[int, int]:
-    """{storage address: storage nbytes} of plain tensors; the loops run in C (map), not bytecode."""
-    held = list(map(_untyped_storage, tensors))
-    found = dict(zip(map(_data_ptr, held), map(_nbytes, held), strict=True))
+def storages_of(tensors: list[Any], torch: Any) -> dict[int, int]:
+    """{storage address: storage nbytes} of plain tensors; the loops run in C (map), not bytecode,
+    and call torch's C methods unbound (`TensorBase.untyped_storage`...): no method lookup and no
+    bound method per tensor, a quarter of this function's time (benchmarks/walk.py)."""
+    storage = torch._C.StorageBase
+    held = list(map(torch._C.TensorBase.untyped_storage, tensors))
+    found = dict(zip(map(storage.data_ptr, held), map(storage.nbytes, held), strict=True))
     found.pop(0, None)  # empty storages (and meta tensors) hold nothing
     return found
 
 
-def count(values: Any, params: Any, torch: Any, counted: set[int]) -> tuple[int, int]:
+# Values opened per pass of `count`: a pass makes several sweeps over its inner tensors (their
+# types, their storages, the storages' addresses and sizes), each sweep in C; small enough that the
+# later sweeps find the tensors still in the CPU cache (benchmarks/walk.py: 256 beats 2048 and one
+# pass over all), big enough that the bytecode per pass is amortised.
+STEP = 256
+
+
+def count(values: Any, params: Any, torch: Any, counted: set[int] | None = None) -> tuple[int, int]:
     """Bytes that dropping `values` frees (their unique storages), and bytes of theirs that live in a
     storage one of `params` also lives in (not freed). Storages in `counted` are skipped, then added.
 
     The second figure is the entries' own tensors' bytes (`nbytes`), not their storage's: an entry
     that is a view into a megatron DDP bucket shares the bucket, and the bucket is not the entry's.
     This runs for every cache entry of a model at every offload (benchmarks/walk.py): the per-tensor
-    calls run in `map`, and the values of one call are counted in one pass (te_caches._Batch)."""
-    tensors = _tensors(values, torch)
-    found = storages_of(tensors)
-    if counted:
+    calls run in `map`, the values of one call are counted together (te_caches._Batch), `STEP` at a
+    time into one table, which de-duplicates storages across the passes as it fills. The values
+    are all alive until this returns, so an address cannot be reused in between."""
+    found: dict[int, int] = {}
+    update = found.update
+    untyped_storage, storage = torch._C.TensorBase.untyped_storage, torch._C.StorageBase
+    data_ptr, nbytes = storage.data_ptr, storage.nbytes
+    for i in range(0, len(values), STEP):  # storages_of, without a table per pass
+        held = list(map(untyped_storage, _tensors(values[i : i + STEP], torch)))
+        update(zip(map(data_ptr, held), map(nbytes, held), strict=True))
+    found.pop(0, None)  # empty storages (and meta tensors) hold nothing
+    if counted is not None:  # None: a single call, nothing counted before it
         for key in counted.intersection(found):
             del found[key]
-    counted.update(found)
+        counted.update(found)
     shared = shared_with(found, params, torch)
     if not shared:
         return sum(found.values()), 0
     views: dict[tuple[int, int], int] = {}
-    for t in tensors:
+    for t in _tensors(values, torch):
         if t.untyped_storage().data_ptr() in shared:
             views[(t.data_ptr(), t.nbytes)] = t.nbytes
     return sum(v for k, v in found.items() if k not in shared), sum(views.values())
 
 
 def shared_with(held: dict[int, int], params: Any, torch: Any) -> set[int]:
-    """The storages in `held` that a parameter also lives in (its data address falls inside).
+    """The storages in `held` (keyed by address) that a parameter also lives in.
 
-    Addresses, not storage objects: a parameter's `data_ptr()` costs no Python storage object, and a
-    parameter that is a view into a larger buffer (megatron DDP) is still found."""
-    if not held:
+    Found by the parameter's storage, so a parameter that is a view into a larger buffer (megatron
+    DDP) is found in it. Two tensors over one block of memory with two storage objects of different
+    bounds (`from_blob`, DLPack) are not; TE's caches hold their own tensors or views of them."""
+    if not held or not params:
         return set()
     plain = (torch.Tensor, torch.nn.Parameter)
-    tensors = [p for p in params if type(p) in plain]
-    odd = [p for p in params if type(p) not in plain]
-    if odd:  # quantized parameters (FP8 primary weights): their inner tensors
-        tensors += _tensors(odd, torch)
-    starts = sorted(held)
-    shared: set[int] = set()
-    for address in map(_data_ptr, tensors):
-        i = bisect_right(starts, address) - 1
-        if i >= 0 and address < starts[i] + held[starts[i]]:
-            shared.add(starts[i])
-    return shared
+    params = list(params)
+    kinds = set(map(type, params))
+    if kinds.issubset(plain):
+        tensors = params
+    else:  # quantized parameters (FP8 primary weights): their inner tensors
+        tensors = [p for p in params if type(p) in plain]
+        tensors += _tensors([p for p in params if p is not None and type(p) not in plain], torch)
+    addresses = map(torch._C.StorageBase.data_ptr, map(torch._C.TensorBase.untyped_storage, tensors))
+    return held.keys() & set(addresses)
