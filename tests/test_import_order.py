@@ -22,7 +22,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import DEPS, REPO
+from conftest import DEPS, use_mirrors
 
 
 def _drive(steps: list[str], module: str, original: Callable[[], object]) -> object:
@@ -326,13 +326,9 @@ def _both_orders(names: list[str], prepare: Callable[[], None]) -> None:
         assert attribute(name) is original, f"{name}: uninstall must restore the very original object"
 
 
-def _mirrors(*roots: str) -> None:
-    sys.path[:0] = [str(REPO / "tests" / "mirrors" / root) for root in roots] + [str(REPO / "tests" / "mirrors")]
-
-
 @pytest.mark.subprocess(verl="0.8.0", timeout=240)
 def test_builtin_entries_in_both_orders() -> None:
-    _both_orders([name for name in ROWS if name not in APART], _mirrors)
+    _both_orders([name for name in ROWS if name not in APART], use_mirrors)
 
 
 @pytest.mark.subprocess(timeout=240)
@@ -343,7 +339,7 @@ def test_builtin_entries_apart_in_both_orders() -> None:
         pytest.skip(f"ms-swift 4.6.0 not installed in {swift} (run scripts/setup-env.sh)")
 
     def prepare() -> None:
-        _mirrors("nemo_rl_v0_5")
+        use_mirrors("nemo_rl_v0_5")
         # megatron-core modules choose TE or their own layers when first imported: the ones the test
         # model uses are imported while TE is absent; its TE wrappers module is then dropped so that
         # ms-swift loads it again against the import-only stand-in.
