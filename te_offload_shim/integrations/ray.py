@@ -28,7 +28,9 @@ from typing import Any
 
 from te_offload_shim._log import warn_once
 from te_offload_shim.engine import registry
-from te_offload_shim.engine.wrapper import ShimWrapper, is_ours, shim_layers
+
+# The wrapper (and with it wrapt) is imported by the functions that wrap: the constants and the
+# runtime_env rules here are read by `te-offload-shim status`, which must not import wrapt.
 
 RAY_HOOK = "te_offload_shim.ray_setup"
 # With Ray tracing on, actor methods get this keyword through Ray's tracing closure: not a model argument.
@@ -68,6 +70,7 @@ def _origin(fn: Any) -> tuple[str | None, str | None]:
 def patch_copies(actor_class: Any) -> int:
     """Wrap, in `actor_class` and its bases, every copy of a method the shim has patched."""
     from te_offload_shim.engine.handler import make_handler  # the handler imports this module
+    from te_offload_shim.engine.wrapper import ShimWrapper, shim_layers
 
     if not isinstance(actor_class, type):
         return 0
@@ -117,6 +120,8 @@ def _loader_handler(record: registry.Record) -> Any:
 
 
 def on_function_manager_import(module: ModuleType) -> None:
+    from te_offload_shim.engine.wrapper import ShimWrapper, is_ours
+
     manager = getattr(module, "FunctionActorManager", None)
     if not isinstance(manager, type):
         return
@@ -221,6 +226,8 @@ def _init_handler(record: Any) -> Callable[..., Any]:
 
 def on_ray_import(ray: ModuleType) -> None:
     """Post-import callback for `ray`: wrap `ray.init` once (a registry record undoes it)."""
+    from te_offload_shim.engine.wrapper import ShimWrapper, is_ours
+
     with registry.lock:
         current = vars(ray).get("init")
         if current is None or is_ours(current):
