@@ -218,7 +218,7 @@ def test_roll_areal_slime_miles() -> None:
         assert found[name] == "patched", name
 
 
-@pytest.mark.subprocess(env=mirror_env(), timeout=120)
+@pytest.mark.subprocess(env=mirror_env(), timeout=240)
 def test_ray_actor_runs_the_patched_method() -> None:
     """Ray pickles a `@ray.remote` class by value, with a copy of each method taken when the decorator
     ran (ray.util.tracing.tracing_helper._inject_tracing_into_class, ray 2.60), and a wrapt wrapper
