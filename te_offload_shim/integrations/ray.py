@@ -47,7 +47,7 @@ def remote_user_class(obj: object) -> type | None:
 # runtime_env fields that give the workers another Python environment, where the package may be
 # missing: a setup hook that cannot be imported fails every worker of the job, so we stay out.
 _ENV_SWAPPING = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
-HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUPHOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUPHOOK_ENV_VAR
+HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 _JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set for the entrypoint of a `ray job submit`
 
 # --- actor classes: the by-value method copies -------------------------------------------------
