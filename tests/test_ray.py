@@ -156,7 +156,7 @@ class JobConfig:
 
 @pytest.mark.subprocess()
 def test_setup_hook_rules_without_a_cluster() -> None:
-    from te_offload_shim.activation import pth as a
+    from te_offload_shim.integrations import ray as a  # where the runtime_env rule lives
 
     h = "te_offload_shim.ray_setup"
     user = {"env_vars": {"B": "2"}}
