@@ -21,7 +21,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 DEPS = REPO / ".deps"
 BOOTSTRAP = REPO / "te_offload_shim" / "activation" / "bootstrap"
+MIRRORS = REPO / "tests" / "mirrors"
 UNFIXED_VERL = ("0.7.1", "0.8.0")
 FIXED_VERL = ("0.9.1",)
 
@@ -154,13 +154,17 @@ def _read(path: Path) -> str:
 _zygote = _Zygote()
 
 
-PRELUDE = """
-import json, logging, sys, warnings
-warnings.filterwarnings("ignore")
-logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-def emit(**fields):
-    print("RESULT " + json.dumps(fields), flush=True)
-"""
+def mirror_env(*roots: str) -> dict[str, str]:
+    """PYTHONPATH for a fresh interpreter (and the Ray workers it starts) that imports the mirrors
+    of tests/mirrors/, `roots` (e.g. nemo_rl_v0_5) in front of them."""
+    paths = [p for p in os.environ.get("TEST_PYTHONPATH_PREFIX", "").split(os.pathsep) if p]
+    paths += [str(MIRRORS / r) for r in roots] + [str(MIRRORS), str(REPO)]
+    return {"PYTHONPATH": os.pathsep.join(paths)}
+
+
+def use_mirrors(*roots: str) -> None:
+    """Put the mirrors (and `roots` in front of them) on this interpreter's path."""
+    sys.path[:0] = [str(MIRRORS / r) for r in roots] + [str(MIRRORS)]
 
 
 def verl_path(version: str) -> Path:
@@ -168,34 +172,6 @@ def verl_path(version: str) -> Path:
     if not (path / "verl").is_dir():
         pytest.skip(f"verl {version} not installed in {path} (run scripts/setup-env.sh)")
     return path
-
-
-def run_py(
-    code: str,
-    *,
-    verl: str | None = None,
-    env: dict[str, str] | None = None,
-    path: list[str | Path] = (),  # type: ignore[assignment]
-    timeout: int = 180,
-) -> dict:
-    """Run `code` in a fresh interpreter; return the dict it passed to `emit(...)`, plus its stderr.
-
-    `path` goes first on PYTHONPATH (modules a test wrote)."""
-    full_env = child_env(env, verl, path)
-    proc = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=REPO,
-    )
-    results = [line[len("RESULT ") :] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not results:
-        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    out = json.loads(results[-1])
-    out["_stderr"] = proc.stderr
-    return out
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,30 +16,7 @@ from conftest import REPO
 CLI = Path(sys.executable).with_name("te-offload-shim")
 BOOTSTRAP = str(REPO / "te_offload_shim" / "activation" / "bootstrap")
 
-# A child that reports, then starts a multiprocessing "spawn" grandchild that reports too.
-CHILD = """
-import builtins, json, multiprocessing as mp, os, sys
-
-def report():
-    shim = sys.modules.get("te_offload_shim")
-    return {"loaded": shim is not None, "installed": bool(shim and shim.installed()),
-            "user_sitecustomize": getattr(builtins, "USER_SITECUSTOMIZE", 0),
-            "sitecustomize": getattr(sys.modules.get("sitecustomize"), "__file__", None),
-            "pythonpath": os.environ.get("PYTHONPATH"), "sys_path": sys.path}
-
-def grandchild(queue):
-    queue.put(report())
-
-if __name__ == "__main__":
-    out = report()
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=grandchild, args=(queue,))
-    proc.start()
-    out["spawned"] = queue.get(timeout=60)
-    proc.join()
-    print(json.dumps(out))
-"""
+FILES = REPO / "tests" / "run_files"  # child.py, sitecustomize.py, probe.py: copied or run by path
 
 
 def _run(*cmd: object, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -53,10 +31,8 @@ def user_dirs(tmp_path: Path) -> tuple[Path, Path]:
     first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
     second.mkdir()
-    (second / "sitecustomize.py").write_text(
-        "import builtins\nbuiltins.USER_SITECUSTOMIZE = getattr(builtins, 'USER_SITECUSTOMIZE', 0) + 1\n"
-    )
-    (tmp_path / "child.py").write_text(CHILD)
+    shutil.copy(FILES / "sitecustomize.py", second / "sitecustomize.py")
+    shutil.copy(FILES / "child.py", tmp_path / "child.py")
     return first, second
 
 
@@ -92,8 +68,8 @@ def test_run_honours_the_off_switch(user_dirs: tuple[Path, Path]) -> None:
 
 
 def test_run_without_a_user_sitecustomize_or_pythonpath(tmp_path: Path) -> None:
-    code = "import json, os, sys; print(json.dumps([os.environ['PYTHONPATH'], 'te_offload_shim' in sys.modules]))"
-    proc = _run(sys.executable, "-m", "te_offload_shim", "run", "--", sys.executable, "-c", code, env={}, cwd=tmp_path)
+    probe = FILES / "probe.py"
+    proc = _run(sys.executable, "-m", "te_offload_shim", "run", "--", sys.executable, probe, env={}, cwd=tmp_path)
     assert json.loads(proc.stdout) == [BOOTSTRAP, True], proc.stderr
 
 

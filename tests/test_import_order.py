@@ -1,61 +1,49 @@
 """Import-order matrix (the orderings ddtrace tests its integrations with), uninstall, reload.
 
-Each case runs in a fresh interpreter against real verl 0.8.0 and its real caller module, which
-from-imports `offload_megatron_model_to_cpu`. `import` imports the caller; `patch` is the first
-`import te_offload_shim` (which installs) or a later `install()`; `unpatch` is `uninstall()`.
-Each case asserts the number of our wrapper layers on the module attribute and on the caller's
-alias, that uninstall puts back the very original object, and that the caches are cleared exactly
-when the shim is installed.
+The detailed matrix runs each case in a fresh interpreter against real verl 0.8.0 and its real
+caller module, which from-imports `offload_megatron_model_to_cpu`, and against megatron-core's own
+buffer offload (a `Class.method` target). `import` imports the caller; `patch` is the first
+`import te_offload_shim` (which installs) or a later `install()`; `unpatch` is `uninstall()`. Each case
+asserts the number of our wrapper layers on the module attribute and on the caller's alias, that
+uninstall puts back the very original object, and that the caches are cleared exactly when the shim
+is installed.
+
+The BUILTIN matrix then takes every entry of the table through both orders, a few entries per fresh
+interpreter (see `_both_orders`). This module imports nothing heavy, nor the shim, at its top: the
+fresh interpreters import it.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+from collections.abc import Callable
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
 import pytest
-from conftest import run_py
-
-# Runs STEPS in order. `IMPORT` names the module the application imports; `ORIGINAL()` reads the
-# target as it is before any patch, so that uninstall can be checked to restore that very object.
-STEP_DRIVER = """
-import importlib, sys
-original = None
-for step in STEPS:
-    if step == "import":
-        importlib.import_module(IMPORT)
-        if original is None and "te_offload_shim" not in sys.modules:
-            original = ORIGINAL()
-    elif step == "patch":
-        if "te_offload_shim" in sys.modules:
-            sys.modules["te_offload_shim"].install()
-        else:
-            import te_offload_shim
-    elif step == "unpatch":
-        sys.modules["te_offload_shim"].uninstall()
-"""
+from conftest import DEPS, use_mirrors
 
 
-def _driver(steps: list[str], module: str, original: str) -> str:
-    return f"IMPORT = {module!r}\nORIGINAL = lambda: {original}\nSTEPS = {steps!r}\n" + STEP_DRIVER
+def _drive(steps: list[str], module: str, original: Callable[[], object]) -> object:
+    """Run `steps` in order: `import` imports `module`, `patch` installs, `unpatch` uninstalls.
+    Returns the target as it was before any patch (`original()` right after its first import, when
+    the shim was not imported yet), so that uninstall can be checked to restore that very object."""
+    found = None
+    for step in steps:
+        if step == "import":
+            importlib.import_module(module)
+            if found is None and "te_offload_shim" not in sys.modules:
+                found = original()
+        elif step == "patch":
+            if "te_offload_shim" in sys.modules:
+                sys.modules["te_offload_shim"].install()
+            else:
+                import te_offload_shim  # noqa: F401  (the first import installs)
+        elif step == "unpatch":
+            sys.modules["te_offload_shim"].uninstall()
+    return found
 
-
-CASE = """
-import torch
-from harness import te_standins as te
-from harness.megatron_world import apply_cpu_quirks
-apply_cpu_quirks()
-DRIVER
-import te_offload_shim
-from te_offload_shim.engine.patch import shim_layers
-mu = sys.modules["verl.utils.megatron_utils"]
-caller = sys.modules["verl.workers.engine.megatron.transformer_impl"]
-layer = te.TELinearStandIn(16, 16)
-te.fill_like_forward(layer)
-mu.offload_megatron_model_to_cpu([torch.nn.Sequential(layer)])  # verl's plain-module (reference model) path
-fn = mu.offload_megatron_model_to_cpu
-emit(module_layers=shim_layers(fn), caller_layers=shim_layers(caller.offload_megatron_model_to_cpu),
-     same_object=caller.offload_megatron_model_to_cpu is fn,
-     is_original=(original is not None and fn is original),
-     cleared=not layer._fp8_workspaces, installed=te_offload_shim.installed())
-"""
 
 MATRIX = {
     # steps: shim installed at the end?
@@ -75,110 +63,106 @@ MATRIX = {
 }
 
 
+@pytest.mark.subprocess(verl="0.8.0")
 @pytest.mark.parametrize("order", list(MATRIX))
 def test_import_order(order: str) -> None:
+    import torch
+
+    from harness import te_standins as te
+    from harness.megatron_world import apply_cpu_quirks
+
+    apply_cpu_quirks()
     steps = order.split("-")
-    driver = _driver(
+    original = _drive(
         steps,
         "verl.workers.engine.megatron.transformer_impl",
-        'sys.modules["verl.utils.megatron_utils"].offload_megatron_model_to_cpu',
+        lambda: sys.modules["verl.utils.megatron_utils"].offload_megatron_model_to_cpu,
     )
-    r = run_py(CASE.replace("DRIVER", driver), verl="0.8.0")
+    import te_offload_shim
+    from te_offload_shim.engine.patch import shim_layers
+
+    mu = sys.modules["verl.utils.megatron_utils"]
+    caller = sys.modules["verl.workers.engine.megatron.transformer_impl"]
+    layer = te.TELinearStandIn(16, 16)
+    te.fill_like_forward(layer)
+    mu.offload_megatron_model_to_cpu([torch.nn.Sequential(layer)])  # verl's plain-module (reference model) path
+    fn = mu.offload_megatron_model_to_cpu
     active = MATRIX[order]
-    assert r["installed"] is active
-    assert r["module_layers"] == int(active) and r["caller_layers"] == int(active)
-    assert r["same_object"], "the caller's alias and the module attribute must agree"
-    assert r["cleared"] is active
+    assert te_offload_shim.installed() is active
+    assert shim_layers(fn) == int(active) and shim_layers(caller.offload_megatron_model_to_cpu) == int(active)
+    assert caller.offload_megatron_model_to_cpu is fn, "the caller's alias and the module attribute must agree"
+    assert (not layer._fp8_workspaces) is active
     if not active and steps[0] == "import":
-        assert r["is_original"], "uninstall must restore the very original function object"
+        assert original is not None and fn is original, "uninstall must restore the very original function object"
 
 
-RELOAD = """
-import importlib, sys, torch
-from harness import te_standins as te
-from harness.megatron_world import apply_cpu_quirks
-apply_cpu_quirks()
-import te_offload_shim
-from te_offload_shim.engine.patch import shim_layers
-import verl.utils.megatron_utils as mu
-before = mu.offload_megatron_model_to_cpu
-mu = importlib.reload(mu)
-after = mu.offload_megatron_model_to_cpu
-layer = te.TELinearStandIn(16, 16)
-te.fill_like_forward(layer)
-after([torch.nn.Sequential(layer)])
-reloaded_cleared = not layer._fp8_workspaces
-layers = {"before": shim_layers(before), "after": shim_layers(after), "fresh": after is not before}
-te_offload_shim.uninstall()  # (this also points __main__'s own `after` back at the original)
-mu = importlib.reload(mu)
-emit(**layers, cleared=reloaded_cleared, after_uninstall=shim_layers(mu.offload_megatron_model_to_cpu))
-"""
-
-
+@pytest.mark.subprocess(verl="0.8.0")
 def test_reload_of_a_target_module_is_patched_again() -> None:
     """wrapt's own post-import hooks fire once; ours stay on the meta path and see the reload."""
-    r = run_py(RELOAD, verl="0.8.0")
-    assert r["before"] == 1 and r["after"] == 1 and r["fresh"] and r["cleared"]
-    assert r["after_uninstall"] == 0, "uninstall unregisters the watcher: a later reload stays plain"
+    import torch
+
+    from harness import te_standins as te
+    from harness.megatron_world import apply_cpu_quirks
+
+    apply_cpu_quirks()
+    import te_offload_shim  # first, then verl
+    from te_offload_shim.engine.patch import shim_layers
+
+    mu = importlib.import_module("verl.utils.megatron_utils")
+    before = mu.offload_megatron_model_to_cpu
+    mu = importlib.reload(mu)
+    after = mu.offload_megatron_model_to_cpu
+    layer = te.TELinearStandIn(16, 16)
+    te.fill_like_forward(layer)
+    after([torch.nn.Sequential(layer)])
+    assert shim_layers(before) == 1 and shim_layers(after) == 1 and after is not before
+    assert not layer._fp8_workspaces
+    te_offload_shim.uninstall()
+    mu = importlib.reload(mu)
+    assert shim_layers(mu.offload_megatron_model_to_cpu) == 0, (
+        "uninstall unregisters the watcher: a later reload stays plain"
+    )
 
 
-PICKLING = """
-import inspect, pickle, sys
-import cloudpickle
-import te_offload_shim
-from te_offload_shim.engine.patch import ShimWrapper
-import verl.utils.megatron_utils as mu
-fn = mu.offload_megatron_model_to_cpu
-orig = fn.__wrapped__
-out = {}
-for name, lib in (("pickle", pickle), ("cloudpickle", cloudpickle)):
-    data = lib.dumps(fn)
-    out[name] = {"same": lib.loads(data) is fn, "by_reference": len(data) < 300}
-emit(wrapper=type(fn) is ShimWrapper, pickles=out,
-     signature=str(inspect.signature(fn)) == str(inspect.signature(orig)),
-     name=fn.__name__ == orig.__name__ == "offload_megatron_model_to_cpu",
-     doc=fn.__doc__ == orig.__doc__ and bool(fn.__doc__),
-     module=fn.__module__ == "verl.utils.megatron_utils", qualname=fn.__qualname__ == orig.__qualname__)
-"""
-
-
+@pytest.mark.subprocess(verl="0.8.0")
 def test_pickling_and_introspection() -> None:
     """Ray pickles by value what it cannot import; our wrapper must pickle by reference."""
-    r = run_py(PICKLING, verl="0.8.0")
-    assert r["wrapper"]
-    assert r["pickles"] == {
-        "pickle": {"same": True, "by_reference": True},
-        "cloudpickle": {"same": True, "by_reference": True},
-    }
-    assert r["signature"] and r["name"] and r["doc"] and r["module"] and r["qualname"]
+    import inspect
+    import pickle
+
+    import cloudpickle
+
+    import te_offload_shim  # noqa: F401  (installs, then verl is imported)
+    from te_offload_shim.engine.patch import ShimWrapper
+
+    mu = importlib.import_module("verl.utils.megatron_utils")
+
+    fn = mu.offload_megatron_model_to_cpu
+    orig = fn.__wrapped__
+    assert type(fn) is ShimWrapper
+    for name, lib in (("pickle", pickle), ("cloudpickle", cloudpickle)):
+        data = lib.dumps(fn)
+        assert lib.loads(data) is fn, name
+        assert len(data) < 300, f"{name} must pickle the wrapper by reference"
+    assert str(inspect.signature(fn)) == str(inspect.signature(orig))
+    assert fn.__name__ == orig.__name__ == "offload_megatron_model_to_cpu"
+    assert fn.__doc__ == orig.__doc__ and bool(fn.__doc__)
+    assert fn.__module__ == "verl.utils.megatron_utils" and fn.__qualname__ == orig.__qualname__
 
 
+@pytest.mark.subprocess()
 def test_wrapt_in_use_is_the_one_ci_asked_for() -> None:
     """CI runs the subprocess suites twice: wrapt 2.x (the venv) and wrapt 1.x (.deps/wrapt-1)."""
     import os
 
-    r = run_py("import wrapt\nemit(version=wrapt.__version__)")
+    import wrapt
+
     expected = os.environ.get("TEST_EXPECT_WRAPT_MAJOR")
     if expected:
-        assert r["version"].split(".")[0] == expected
+        assert wrapt.__version__.split(".")[0] == expected
     else:
-        assert int(r["version"].split(".")[0]) >= 1
+        assert int(wrapt.__version__.split(".")[0]) >= 1
 
-
-METHOD_CASE = """
-from harness import megatron_world as w
-DRIVER
-import te_offload_shim
-from te_offload_shim.engine.patch import shim_layers
-from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
-model = w.wrap_ddp(w.build_gpt(layers=1, hidden=32, vocab=64))
-w.attach_fp8_caches(model)
-for buffer in model.buffers:
-    buffer.offload_to_cpu()
-current = vars(_ParamAndGradBuffer)["offload_to_cpu"]
-emit(layers=shim_layers(current), is_original=original is not None and current is original,
-     left=w.cache_state([model])["entries"], installed=te_offload_shim.installed())
-"""
 
 METHOD_ORDERS = (
     "import-patch",
@@ -190,15 +174,183 @@ METHOD_ORDERS = (
 )
 
 
+@pytest.mark.subprocess()
 @pytest.mark.parametrize("order", METHOD_ORDERS)
 def test_import_order_of_a_method_target(order: str) -> None:
     """The same orderings for a `Class.method` target: megatron-core's own buffer offload."""
+    from harness import megatron_world as w
+
     steps = order.split("-")
     pgb = "megatron.core.distributed.param_and_grad_buffer"
-    driver = _driver(steps, pgb, f'vars(sys.modules["{pgb}"]._ParamAndGradBuffer)["offload_to_cpu"]')
-    r = run_py(METHOD_CASE.replace("DRIVER", driver))
+    original = _drive(steps, pgb, lambda: vars(sys.modules[pgb]._ParamAndGradBuffer)["offload_to_cpu"])
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBuffer
+
+    import te_offload_shim
+    from te_offload_shim.engine.patch import shim_layers
+
+    model = w.wrap_ddp(w.build_gpt(layers=1, hidden=32, vocab=64))
+    w.attach_fp8_caches(model)
+    for buffer in model.buffers:
+        buffer.offload_to_cpu()
+    current = vars(_ParamAndGradBuffer)["offload_to_cpu"]
     active = MATRIX[order]
-    assert r["installed"] is active and r["layers"] == int(active)
-    assert (r["left"] == 0) is active, "cleared exactly when installed"
+    assert te_offload_shim.installed() is active and shim_layers(current) == int(active)
+    assert (w.cache_state([model])["entries"] == 0) is active, "cleared exactly when installed"
     if not active and steps[0] == "import":
-        assert r["is_original"], "uninstall must put the very original method back on the class"
+        assert original is not None and current is original, (
+            "uninstall must put the very original method back on the class"
+        )
+
+
+# --- every BUILTIN entry, both orders --------------------------------------------------------------
+#
+# A row calls its entry point the way the framework does, on megatron DDP chunks whose TE layers
+# hold cached FP8 copies (real modules for verl, megatron-core and ms-swift; the mirrors of
+# tests/mirrors/ for the rest). `module` is the target module as imported.
+
+Call = Callable[[ModuleType, list], None]
+
+
+def _flag(name: str) -> Any:
+    return SimpleNamespace(offload_train=True, transformer_impl="transformer_engine", cuda_graph_impl="none", **{
+        name: False
+    })  # fmt: skip
+
+
+def _nemo_rl_remote(module: ModuleType, chunks: list) -> None:
+    module.MegatronPolicyWorker.__ray_metadata__.modified_class(chunks[0], {"megatron_cfg": {}}).offload_before_refit()
+
+
+def _megatron_core(module: ModuleType, chunks: list) -> None:
+    for buffer in chunks[0].buffers:
+        buffer.offload_to_cpu()
+
+
+def _roll(module: ModuleType, chunks: list) -> None:
+    module.MegatronInferStrategy(chunks).offload_states(None)
+
+
+def _roll_train(module: ModuleType, chunks: list) -> None:
+    module.MegatronTrainStrategy(chunks).offload_states(include=None)
+
+
+def _awex(module: ModuleType, chunks: list) -> None:
+    module.AwexMegatronAdapter(SimpleNamespace(model=chunks)).release_memory(tags=None)
+
+
+ROWS: dict[str, Call] = {
+    "verl": lambda m, chunks: m.offload_megatron_model_to_cpu(chunks),
+    "megatron-core": _megatron_core,
+    "nemo-rl": lambda m, chunks: m.MegatronPolicyWorkerImpl(chunks[0], {"megatron_cfg": {}}).offload_before_refit(),
+    "nemo-rl-0.5": _nemo_rl_remote,
+    "nemo-rl-0.3": _nemo_rl_remote,
+    "roll": _roll,
+    "roll-train": _roll_train,
+    "areal-awex": _awex,
+    "areal-awex-1.0": _awex,
+    "areal": lambda m, chunks: m.MegatronEngine(chunks).offload(),
+    "slime": lambda m, chunks: m.MegatronTrainRayActor(_flag("unused"), chunks).sleep(),
+    "miles": lambda m, chunks: m.MegatronTrainRayActor(
+        _flag("clear_quantized_weight_workspaces_on_offload"), chunks
+    ).sleep(),
+    "ms-swift": lambda m, chunks: m.offload_megatron_model_to_cpu(chunks),
+    "skyrl": lambda m, chunks: m.offload_megatron_model_to_cpu(chunks),
+    "skyrl-train": lambda m, chunks: m.offload_megatron_model_to_cpu(chunks),
+    "rlinf": lambda m, chunks: m.MegatronModelManager(chunks).offload_model_weights_and_grad(),
+    "chatlearn": lambda m, chunks: m.TrainerMemoryManager(chunks, None).offload_weights(),
+    "chatlearn-inference": lambda m, chunks: m.InferenceMemoryManager(chunks).offload_weights(),
+    "relax": lambda m, chunks: m.MegatronTrainRayActor(SimpleNamespace(offload_train=True), chunks).sleep(),
+    "relax-selective": lambda m, chunks: m._SelectiveOffloadStrategy(chunks, None, SimpleNamespace()).offload(),
+}
+
+# Entries whose modules cannot be imported next to the others: the nemo_rl 0.5 mirror has the 0.6
+# layout's module name, and ms-swift needs Transformer Engine's import-only stand-in.
+APART = ("nemo-rl-0.5", "ms-swift")
+
+
+def test_every_builtin_entry_has_a_row() -> None:
+    from te_offload_shim.integrations.targets import BUILTIN
+
+    names = [t.name for t in BUILTIN]
+    missing, extra = sorted(set(names) - set(ROWS)), sorted(set(ROWS) - set(names))
+    assert not missing and not extra, f"entries without a row: {missing}; rows for no entry: {extra}"
+
+
+def _both_orders(names: list[str], prepare: Callable[[], None]) -> None:
+    """Order "before" on a pristine interpreter: the shim's first import, then every target module.
+    Order "after": `uninstall()`, then `install()` again over the modules already imported (the same
+    path as a first import of the shim after them: `watch` of an imported module patches it at once).
+    The modules are imported once, so every row calls into the very classes its chunks were built
+    against; a re-import or reload would make new ones (megatron DDP holds the buffer class it
+    imported). For each entry: one layer of ours on the attribute, a call that clears the caches,
+    counted for that entry; uninstall puts back the very original object."""
+    import te_offload_shim
+    from harness import megatron_world as w
+    from te_offload_shim.engine import handler
+    from te_offload_shim.engine.patch import owner_of, shim_layers
+    from te_offload_shim.integrations.targets import BUILTIN
+
+    targets = [t for t in BUILTIN if t.name in names]
+    assert not [t.module for t in targets if t.module in sys.modules], "the shim must come first"
+    prepare()
+    for target in targets:
+        importlib.import_module(target.module)
+
+    def attribute(name: str) -> Any:
+        target = next(t for t in targets if t.name == name)
+        found = owner_of(sys.modules[target.module], target.attribute)
+        assert found is not None, name
+        return vars(found[0])[found[1]]
+
+    def check_patched_and_clearing() -> None:
+        for target in targets:
+            assert shim_layers(attribute(target.name)) == 1, target.name
+            chunks = [w.wrap_ddp(w.build_gpt(layers=1, hidden=32, vocab=64))]
+            entries = w.attach_fp8_caches(chunks[0])
+            assert entries > 0
+            handler.reset_stats()
+            ROWS[target.name](sys.modules[target.module], chunks)
+            by_target = {k: [v["calls"], v["entries"]] for k, v in te_offload_shim.stats()["by_target"].items()}
+            assert by_target == {target.name: [1, entries]}, target.name
+            assert w.cache_state(chunks)["entries"] == 0, target.name
+
+    check_patched_and_clearing()  # order "before"
+    originals = {t.name: attribute(t.name).__wrapped__ for t in targets}
+    te_offload_shim.uninstall()
+    for name, original in originals.items():
+        assert attribute(name) is original and shim_layers(original) == 0, name
+    assert te_offload_shim.install()
+    check_patched_and_clearing()  # order "after"
+    te_offload_shim.uninstall()
+    for name, original in originals.items():
+        assert attribute(name) is original, f"{name}: uninstall must restore the very original object"
+
+
+@pytest.mark.subprocess(verl="0.8.0", timeout=240)
+def test_builtin_entries_in_both_orders() -> None:
+    _both_orders([name for name in ROWS if name not in APART], use_mirrors)
+
+
+@pytest.mark.subprocess(timeout=240)
+def test_builtin_entries_apart_in_both_orders() -> None:
+    """nemo-rl 0.5's mirror, and the real ms-swift 4.6.0 set up as in tests/test_ms_swift.py."""
+    swift = DEPS / "ms-swift-4.6.0"
+    if not (swift / "swift").is_dir():
+        pytest.skip(f"ms-swift 4.6.0 not installed in {swift} (run scripts/setup-env.sh)")
+
+    def prepare() -> None:
+        use_mirrors("nemo_rl_v0_5")
+        # megatron-core modules choose TE or their own layers when first imported: the ones the test
+        # model uses are imported while TE is absent; its TE wrappers module is then dropped so that
+        # ms-swift loads it again against the import-only stand-in.
+        import megatron.core.distributed
+        import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
+
+        from harness import te_import_only
+
+        for name in [m for m in sys.modules if m.startswith("megatron.core.extensions")]:
+            del sys.modules[name]
+        sys.path[:0] = [str(swift), str(DEPS / "triton")]
+        te_import_only.install()
+
+    _both_orders(list(APART), prepare)

@@ -18,9 +18,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
-from conftest import REPO, run_py, verl_path
+from conftest import REPO, verl_path
+
+TESTS = REPO / "tests"
 
 CALLER = "verl.workers.engine.megatron.transformer_impl"
 
@@ -33,21 +36,10 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-# The head node: ray.init() starts it, on loopback, in a process whose environment is scrubbed;
-# it prints the GCS address and keeps the cluster up until its stdin closes.
-HEAD = """
-import sys, ray
-ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
-print(ray.get_runtime_context().gcs_address, flush=True)
-sys.stdin.read()
-ray.shutdown()
-"""
-
-
 def _start_cluster(state: Path) -> dict:
     log = open(state.with_suffix(".log"), "w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", HEAD],
+        [sys.executable, str(TESTS / "ray_head.py")],
         env=_clean_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -101,44 +93,13 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Ite
             state.write_text(json.dumps(info))
 
 
-DRIVER = """
-import json, os, sys
-SHIM_IN_DRIVER = {shim}
-if SHIM_IN_DRIVER:
-    import te_offload_shim
-import ray
-
-@ray.remote(num_cpus=0)
-class Probe:
-    def report(self):
-        import importlib
-        before = "te_offload_shim" in sys.modules  # the hook ran before any task
-        caller = importlib.import_module({caller!r})
-        out = {{"before": before, "loaded": "te_offload_shim" in sys.modules, "layers": 0, "state": None,
-               "hook_env": os.environ.get("__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"), "pid": os.getpid()}}
-        if out["loaded"]:
-            import te_offload_shim
-            from te_offload_shim import cli
-            from te_offload_shim.engine.patch import shim_layers
-            out["layers"] = shim_layers(caller.offload_megatron_model_to_cpu)
-            out["state"] = {{r["name"]: r["state"] for r in te_offload_shim.status()["targets"]}}["verl"]
-            out["status"] = cli.collect()
-        return out
-
-ray.init(address={address!r}, runtime_env={runtime_env!r}, log_to_driver=False)
-assert SHIM_IN_DRIVER == ("te_offload_shim" in sys.modules), "the driver must not import the hook"
-report = ray.get(Probe.remote().report.remote(), timeout=240)
-ray.shutdown()
-print("RESULT " + json.dumps(report), flush=True)
-"""
-
-
 def _drive(address: str, *, shim: bool, runtime_env: dict) -> tuple[dict, str]:
     env_vars = {"PYTHONPATH": os.pathsep.join([str(REPO), str(verl_path("0.8.0"))])}
     runtime_env = {**runtime_env, "env_vars": {**env_vars, **runtime_env.get("env_vars", {})}}
-    code = DRIVER.format(shim=shim, caller=CALLER, address=address, runtime_env=runtime_env)
+    args = json.dumps({"shim": shim, "caller": CALLER, "address": address, "runtime_env": runtime_env})
     env = {**_clean_env(), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    command = [sys.executable, str(TESTS / "ray_driver.py"), args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     lines = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"driver failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
@@ -166,14 +127,14 @@ def test_ray_init_gains_the_hook_when_the_shim_is_active_in_the_driver(ray_addre
     _check_status(r["status"])
 
 
-def test_a_users_own_hook_is_kept(ray_address: str, tmp_path: Path) -> None:
+def test_a_users_own_hook_is_kept(ray_address: str) -> None:
     # The user's hook does not chain ours: we must neither replace it nor add ours, and say so.
-    (tmp_path / "user_hook.py").write_text("import os\ndef setup():\n    os.environ['USER_HOOK_RAN'] = '1'\n")
+    hooks = TESTS / "hostile" / "targets"  # user_hook.py
     env = {"worker_process_setup_hook": "user_hook.setup"}
     r, err = _drive(
         ray_address,
         shim=True,
-        runtime_env={**env, "env_vars": {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(verl_path("0.8.0"))])}},
+        runtime_env={**env, "env_vars": {"PYTHONPATH": os.pathsep.join([str(hooks), str(verl_path("0.8.0"))])}},
     )
     assert r["hook_env"] == "user_hook.setup"
     assert r["before"] is False and r["loaded"] is False and r["layers"] == 0, "no other route: unpatched"
@@ -189,36 +150,38 @@ def test_verl_external_modules_through_env_vars(ray_address: str) -> None:
     assert r["status"]["routes"]["verl_external_modules"] is True
 
 
+class JobConfig:
+    runtime_env: ClassVar[dict] = {"env_vars": {"A": "1"}}
+
+
+@pytest.mark.subprocess()
 def test_setup_hook_rules_without_a_cluster() -> None:
-    r = run_py(
-        """
-        import os
-        from te_offload_shim.activation import pth as a
-        H = "te_offload_shim.ray_setup"
-        class JobConfig:
-            runtime_env = {"env_vars": {"A": "1"}}
-        user = {"env_vars": {"B": "2"}}
-        out = {
-            "none": a.with_setup_hook({}),
-            "user": a.with_setup_hook({"runtime_env": user}),
-            "user_untouched": user,
-            "job_config": a.with_setup_hook({"job_config": JobConfig()})["runtime_env"],
-            "taken": a.with_setup_hook({"runtime_env": {"worker_process_setup_hook": "x.y"}}),
-            "ours": a.with_setup_hook({"runtime_env": {"worker_process_setup_hook": H}}),
-            "pip": a.with_setup_hook({"runtime_env": {"pip": ["x"]}}),
-        }
-        os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"] = '{"runtime_env": {"worker_process_setup_hook": "job.hook"}}'
-        out["submitted_taken"] = a.with_setup_hook({})
-        os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"] = '{"runtime_env": {"env_vars": {"C": "3"}}}'
-        out["submitted"] = a.with_setup_hook({"job_config": JobConfig()})["runtime_env"]
-        import ray, te_offload_shim
-        from te_offload_shim.engine.wrapper import is_ours
-        wrapped = is_ours(vars(ray)["init"])
-        te_offload_shim.uninstall()
-        emit(out=out, wrapped=wrapped, restored=not is_ours(vars(ray)["init"]))
-        """
-    )
-    out, hook = r["out"], "te_offload_shim.ray_setup"
+    from te_offload_shim.integrations import ray as a  # where the runtime_env rule lives
+
+    h = "te_offload_shim.ray_setup"
+    user = {"env_vars": {"B": "2"}}
+    out = {
+        "none": a.with_setup_hook({}),
+        "user": a.with_setup_hook({"runtime_env": user}),
+        "user_untouched": user,
+        "job_config": a.with_setup_hook({"job_config": JobConfig()})["runtime_env"],
+        "taken": a.with_setup_hook({"runtime_env": {"worker_process_setup_hook": "x.y"}}),
+        "ours": a.with_setup_hook({"runtime_env": {"worker_process_setup_hook": h}}),
+        "pip": a.with_setup_hook({"runtime_env": {"pip": ["x"]}}),
+    }
+    os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"] = '{"runtime_env": {"worker_process_setup_hook": "job.hook"}}'
+    out["submitted_taken"] = a.with_setup_hook({})
+    os.environ["RAY_JOB_CONFIG_JSON_ENV_VAR"] = '{"runtime_env": {"env_vars": {"C": "3"}}}'
+    out["submitted"] = a.with_setup_hook({"job_config": JobConfig()})["runtime_env"]
+    import ray
+
+    import te_offload_shim
+    from te_offload_shim.engine.wrapper import is_ours
+
+    wrapped = is_ours(vars(ray)["init"])
+    te_offload_shim.uninstall()
+    restored = not is_ours(vars(ray)["init"])
+    hook = h
     assert out["none"] == {"runtime_env": {"worker_process_setup_hook": hook}}
     assert out["user"] == {"runtime_env": {"env_vars": {"B": "2"}, "worker_process_setup_hook": hook}}
     assert out["user_untouched"] == {"env_vars": {"B": "2"}}, "the caller's dict is not changed"
@@ -229,4 +192,4 @@ def test_setup_hook_rules_without_a_cluster() -> None:
     assert out["submitted_taken"] == {}
     # A submitted job's runtime_env is merged by Ray; ours must only add the hook key.
     assert out["submitted"] == {"worker_process_setup_hook": hook}
-    assert r["wrapped"] is True and r["restored"] is True
+    assert wrapped is True and restored is True

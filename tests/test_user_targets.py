@@ -6,65 +6,15 @@ writes, with TE-layout stand-in layers (harness/te_standins.py).
 
 from __future__ import annotations
 
-import os
-import textwrap
+import importlib
+import logging
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import REPO, run_py
 
-from te_offload_shim.integrations.targets import BUILTIN, parse_user_targets, parse_where
-
-USER_MODULE = '''
-"""Offload functions of a user's own trainer: each records what is cached at its own flush."""
-from harness.megatron_world import cache_state
-
-FLUSHES = []
-
-
-def offload(models):
-    FLUSHES.append(("offload", cache_state(models)["entries"]))
-
-
-def offload_pair(tag, models):
-    FLUSHES.append((tag, cache_state(models)["entries"]))
-
-
-def offload_holder(models):
-    FLUSHES.append(("holder", cache_state(models.chunks)["entries"]))
-
-
-class Holder:
-    def __init__(self, chunks):
-        self.chunks = chunks
-
-
-class Engine:
-    def __init__(self, models):
-        self.model = models
-
-    def offload(self):
-        FLUSHES.append(("engine", cache_state(self.model)["entries"]))
-
-    def offload_arg(self, tag, models):
-        FLUSHES.append((tag, cache_state(models)["entries"]))
-
-
-class Virtual:
-    def __init__(self, models):
-        self.models = models
-
-    def get_models(self):
-        return self.models
-
-
-class Strategy:
-    def __init__(self, models):
-        self.model = Virtual(models)
-
-    def offload_states(self, include=None):
-        FLUSHES.append(("strategy", cache_state(self.model.get_models())["entries"]))
-'''
+TARGETS = Path(__file__).resolve().parent / "hostile" / "targets"  # where `usermod` lives
 
 GOOD = [
     "usermod.offload:offload",
@@ -87,42 +37,45 @@ MALFORMED = [
     "import os:system",
 ]
 
-DRIVE = """
-from harness import te_standins
-import usermod.offload as u
 
-def layers(k=2):
-    out = []
-    for _ in range(k):
-        m = te_standins.TELinearStandIn(8, 8)
-        te_standins.fill_like_forward(m)
-        out.append(m)
-    return out
-
-u.offload(layers())
-u.offload_pair("pair", layers())
-u.offload_holder(u.Holder(layers()))
-u.Engine(layers()).offload()
-u.Engine(layers()).offload_arg("arg", models=layers())
-u.Strategy(layers()).offload_states()
-status = shim.status()
-emit(flushes=u.FLUSHES, stats=shim.stats(),
-     states={t["name"]: t["state"] for t in status["targets"] if t["name"].startswith("usermod")},
-     problems=status["user_target_problems"])
-"""
+def use_usermod() -> None:
+    sys.path.insert(0, str(TARGETS))
 
 
-@pytest.fixture
-def user_path(tmp_path: Path) -> dict[str, str]:
-    pkg = tmp_path / "usermod"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "offload.py").write_text(textwrap.dedent(USER_MODULE))
-    paths = [p for p in os.environ.get("TEST_PYTHONPATH_PREFIX", "").split(os.pathsep) if p]
-    return {"PYTHONPATH": os.pathsep.join([*paths, str(tmp_path), str(REPO)])}
+def drive() -> dict[str, Any]:
+    """Call each of the user's offload functions on TE-layout layers; what the shim saw."""
+    import te_offload_shim as shim
+    from harness import te_standins
+
+    use_usermod()
+    u = importlib.import_module("usermod.offload")
+
+    def layers(k: int = 2) -> list:
+        out = []
+        for _ in range(k):
+            m = te_standins.TELinearStandIn(8, 8)
+            te_standins.fill_like_forward(m)
+            out.append(m)
+        return out
+
+    u.offload(layers())
+    u.offload_pair("pair", layers())
+    u.offload_holder(u.Holder(layers()))
+    u.Engine(layers()).offload()
+    u.Engine(layers()).offload_arg("arg", models=layers())
+    u.Strategy(layers()).offload_states()
+    status = shim.status()
+    return {
+        "flushes": [list(f) for f in u.FLUSHES],
+        "stats": shim.stats(),
+        "states": {t["name"]: t["state"] for t in status["targets"] if t["name"].startswith("usermod")},
+        "problems": status["user_target_problems"],
+    }
 
 
 def test_parse_where_forms() -> None:
+    from te_offload_shim.integrations.targets import parse_where
+
     assert (parse_where("").root, parse_where("").path) == ("arg0", ())
     w = parse_where("self.model.get_models()")
     assert (w.root, w.path, w.call) == ("self", ("model", "get_models"), True)
@@ -133,6 +86,8 @@ def test_parse_where_forms() -> None:
 
 
 def test_parse_user_targets_keeps_the_good_and_reports_the_bad() -> None:
+    from te_offload_shim.integrations.targets import parse_user_targets
+
     targets, problems = parse_user_targets(", ".join(GOOD[:2] + MALFORMED + GOOD[2:]) + ",,")
     assert [t.name for t in targets] == NAMES, "order kept, malformed ones dropped, empty ones ignored"
     assert [t.where.text for t in targets] == [
@@ -149,32 +104,49 @@ def test_parse_user_targets_keeps_the_good_and_reports_the_bad() -> None:
 
 
 def test_builtin_names_are_unique_and_where_specs_parse() -> None:
+    from te_offload_shim.integrations.targets import BUILTIN
+
     names = [t.name for t in BUILTIN]
     assert len(names) == len(set(names))
     assert all(t.where.root in ("self", "models") for t in BUILTIN)
 
 
-def test_user_targets_patch_a_real_module(user_path: dict[str, str]) -> None:
-    env = {**user_path, "TE_OFFLOAD_SHIM_TARGETS": ",".join(GOOD + MALFORMED + ["usermod.offload:missing"])}
-    r = run_py("import te_offload_shim as shim\n" + DRIVE, env=env)
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ",".join([*GOOD, *MALFORMED, "usermod.offload:missing"])})
+def test_user_targets_patch_a_real_module(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    import te_offload_shim  # noqa: F401  (first)
+
+    r = drive()
     assert r["flushes"] == [["offload", 0], ["pair", 0], ["holder", 0], ["engine", 0], ["arg", 0], ["strategy", 0]]
     assert r["stats"]["calls"] == 6 and r["stats"]["entries"] == 12
     assert {k: v["entries"] for k, v in r["stats"]["by_target"].items()} == {name: 2 for name in NAMES}
     assert r["states"] == {**{name: "patched" for name in NAMES}, "usermod.offload:missing": "absent"}
     assert len(r["problems"]) == len(MALFORMED)
-    assert r["_stderr"].count(f"ignoring {'TE_OFFLOAD_SHIM_TARGETS'} entry") == len(MALFORMED)
+    assert caplog.text.count(f"ignoring {'TE_OFFLOAD_SHIM_TARGETS'} entry") == len(MALFORMED)
 
 
-def test_user_module_imported_before_the_shim(user_path: dict[str, str]) -> None:
-    code = "import usermod.offload\nimport te_offload_shim as shim\n" + DRIVE
-    r = run_py(code, env={**user_path, "TE_OFFLOAD_SHIM_TARGETS": ",".join(GOOD)})
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ",".join(GOOD)})
+def test_user_module_imported_before_the_shim() -> None:
+    use_usermod()
+    importlib.import_module("usermod.offload")
+    assert "te_offload_shim" not in sys.modules
+    r = drive()
     assert all(entries == 0 for _, entries in r["flushes"]) and r["stats"]["calls"] == 6
 
 
-@pytest.mark.parametrize("disable", ["usermod.offload:offload,usermod.offload:Engine.offload", "*"])
-def test_disable_user_targets(user_path: dict[str, str], disable: str) -> None:
-    env = {**user_path, "TE_OFFLOAD_SHIM_TARGETS": ",".join(GOOD), "TE_OFFLOAD_SHIM_DISABLE": disable}
-    r = run_py("import te_offload_shim as shim\n" + DRIVE, env=env)
+DISABLES = ["usermod.offload:offload,usermod.offload:Engine.offload", "*"]
+
+
+def disabling(disable: str) -> Any:
+    env = {"TE_OFFLOAD_SHIM_TARGETS": ",".join(GOOD), "TE_OFFLOAD_SHIM_DISABLE": disable}
+    return pytest.param(disable, marks=pytest.mark.subprocess(env=env))
+
+
+@pytest.mark.parametrize("disable", [disabling(d) for d in DISABLES])
+def test_disable_user_targets(disable: str) -> None:
+    import te_offload_shim  # noqa: F401  (first)
+
+    r = drive()
     off = set(NAMES) if disable == "*" else set(disable.split(","))
     assert {k for k, v in r["states"].items() if v == "disabled"} == off
     flushes = dict(r["flushes"])
@@ -184,24 +156,21 @@ def test_disable_user_targets(user_path: dict[str, str], disable: str) -> None:
         assert r["stats"]["calls"] == 4
 
 
-def test_disable_verl_by_name_leaves_other_targets_on(user_path: dict[str, str]) -> None:
-    code = """
-import te_offload_shim as shim
-import verl.utils.megatron_utils as mu
-from te_offload_shim.engine.patch import shim_layers
-from harness import te_standins
-import usermod.offload as u
-m = te_standins.TELinearStandIn(8, 8)
-te_standins.fill_like_forward(m)
-u.offload([m])
-emit(states={t["name"]: t["state"] for t in shim.status()["targets"]},
-     layers=shim_layers(mu.offload_megatron_model_to_cpu), flushes=u.FLUSHES)
-"""
-    env = {**user_path, "TE_OFFLOAD_SHIM_TARGETS": GOOD[0], "TE_OFFLOAD_SHIM_DISABLE": " verl , nemo-rl"}
-    paths = env["PYTHONPATH"] + os.pathsep + str(REPO / ".deps" / "verl-0.8.0")
-    if not (REPO / ".deps" / "verl-0.8.0" / "verl").is_dir():
-        pytest.skip("verl 0.8.0 not installed (run scripts/setup-env.sh)")
-    r = run_py(code, env={**env, "PYTHONPATH": paths})
-    assert r["states"]["verl"] == "disabled" and r["layers"] == 0
-    assert r["states"]["nemo-rl"] == "disabled" and r["states"]["megatron-core"] == "patched"
-    assert r["states"][GOOD[0]] == "patched" and r["flushes"] == [["offload", 0]]
+@pytest.mark.subprocess(
+    verl="0.8.0", env={"TE_OFFLOAD_SHIM_TARGETS": GOOD[0], "TE_OFFLOAD_SHIM_DISABLE": " verl , nemo-rl"}
+)
+def test_disable_verl_by_name_leaves_other_targets_on() -> None:
+    import te_offload_shim as shim
+    from harness import te_standins
+    from te_offload_shim.engine.patch import shim_layers
+
+    mu = importlib.import_module("verl.utils.megatron_utils")
+    use_usermod()
+    u = importlib.import_module("usermod.offload")
+    m = te_standins.TELinearStandIn(8, 8)
+    te_standins.fill_like_forward(m)
+    u.offload([m])
+    states = {t["name"]: t["state"] for t in shim.status()["targets"]}
+    assert states["verl"] == "disabled" and shim_layers(mu.offload_megatron_model_to_cpu) == 0
+    assert states["nemo-rl"] == "disabled" and states["megatron-core"] == "patched"
+    assert states[GOOD[0]] == "patched" and [list(f) for f in u.FLUSHES] == [["offload", 0]]

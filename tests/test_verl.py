@@ -2,45 +2,19 @@
 
 The FP8 caches are TE >= 1.8 layout stand-ins (harness/te_standins.py); everything else is real:
 verl's own `offload_megatron_model_to_cpu`, called through the module that from-imports it, on a
-megatron `GPTModel` wrapped in megatron DDP.
+megatron `GPTModel` wrapped in megatron DDP. This module imports nothing heavy at its top.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import sys
+from typing import Any
+
 import pytest
-from conftest import FIXED_VERL, UNFIXED_VERL, run_py, verl_path
-
-ENGINE = "verl.workers.engine.megatron.transformer_impl"  # the caller in 0.6.0+ (only one from 0.8.0)
-WORKERS = "verl.workers.megatron_workers"  # the caller in 0.4.0 - 0.7.1
-
-BUILD = """
-import importlib, torch
-from harness import megatron_world as w
-model = w.wrap_ddp(w.build_gpt())
-w.attach_fp8_caches(model)
-initial = w.cache_state([model])
-before = w.weights(model)
-flushes = []
-# verl's own flush on CPU: record what is still cached at the moment the allocator is flushed
-torch.cpu.empty_cache = lambda: flushes.append(w.cache_state([model])["entries"])
-"""
-
-OFFLOAD = """
-caller = importlib.import_module(CALLER)
-caller.offload_megatron_model_to_cpu([model])
-offload_flushes = list(flushes)  # the offload's own flushes, not the reload's
-after = w.cache_state([model])
-offloaded = all(b.param_data.untyped_storage().size() == 0 for b in model.buffers)
-from verl.utils import megatron_utils as mu
-mu.load_megatron_model_to_gpu([model])
-import te_offload_shim as shim
-from te_offload_shim.engine.patch import shim_layers
-emit(initial=initial, after=after, flushes=offload_flushes, offloaded=offloaded,
-     same=w.same_weights(before, w.weights(model)), stats=shim.stats(),
-     caller_layers=shim_layers(caller.offload_megatron_model_to_cpu),
-     module_layers=shim_layers(mu.offload_megatron_model_to_cpu),
-     state={t["name"]: t["state"] for t in shim.status()["targets"]})
-"""
+from conftest import FIXED_VERL, UNFIXED_VERL, verl_path
+from verl_case import ENGINE, WORKERS, build, offload
 
 
 def _declared_fixed(verl: str) -> bool | None:
@@ -62,28 +36,48 @@ def _check_cleared(r: dict) -> None:
     assert r["stats"]["calls"] == 1
 
 
-@pytest.mark.parametrize("verl", UNFIXED_VERL)
-def test_shim_imported_before_verl(verl: str) -> None:
-    r = run_py(f"import te_offload_shim\nCALLER = {ENGINE!r}\n" + BUILD + OFFLOAD, verl=verl)
+def on(versions: tuple[str, ...]) -> list[Any]:
+    """One case per verl release, each in a fresh interpreter with that release on the path."""
+    return [pytest.param(v, marks=pytest.mark.subprocess(verl=v)) for v in versions]
+
+
+@pytest.mark.parametrize("verl", on(UNFIXED_VERL))
+def test_shim_imported_before_verl(verl: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    import te_offload_shim  # noqa: F401  (first, as a user would)
+
+    r = offload(build(), ENGINE)
     _check_cleared(r)
     assert r["caller_layers"] == 1 and r["module_layers"] == 1
     assert r["state"]["verl"] == "patched"
     assert _declared_fixed(verl) is False, "the declaration agrees with the real release's module"
-    assert "cleared 9 FP8 weight workspaces" in r["_stderr"]
+    assert "cleared 9 FP8 weight workspaces" in caplog.text
 
 
-@pytest.mark.parametrize(("verl", "caller"), [("0.7.1", ENGINE), ("0.7.1", WORKERS), ("0.8.0", ENGINE)])
+@pytest.mark.parametrize(
+    ("verl", "caller"),
+    [
+        pytest.param("0.7.1", ENGINE, marks=pytest.mark.subprocess(verl="0.7.1")),
+        pytest.param("0.7.1", WORKERS, marks=pytest.mark.subprocess(verl="0.7.1")),
+        pytest.param("0.8.0", ENGINE, marks=pytest.mark.subprocess(verl="0.8.0")),
+    ],
+)
 def test_verl_caller_and_model_before_shim(verl: str, caller: str) -> None:
-    code = f"CALLER = {caller!r}\nimport importlib\nimportlib.import_module(CALLER)\n" + BUILD
-    code += "assert 'te_offload_shim' not in sys.modules\nimport te_offload_shim\n" + OFFLOAD
-    r = run_py(code, verl=verl)
+    importlib.import_module(caller)
+    world = build()
+    assert "te_offload_shim" not in sys.modules
+    import te_offload_shim  # noqa: F401  (installs: patches the imported module, rebinds the alias)
+
+    r = offload(world, caller)
     _check_cleared(r)
     assert r["caller_layers"] == 1, "the caller's from-imported alias must be rebound to the wrapper"
 
 
-@pytest.mark.parametrize("verl", FIXED_VERL)
+@pytest.mark.parametrize("verl", on(FIXED_VERL))
 def test_fixed_verl_is_left_unwrapped_and_clears_itself(verl: str) -> None:
-    r = run_py(f"import te_offload_shim\nCALLER = {ENGINE!r}\n" + BUILD + OFFLOAD, verl=verl)
+    import te_offload_shim  # noqa: F401
+
+    r = offload(build(), ENGINE)
     assert r["state"]["verl"] == "fixed upstream"
     assert _declared_fixed(verl) is True, "the declaration agrees with the real release's module"
     assert r["caller_layers"] == 0 and r["module_layers"] == 0
@@ -92,9 +86,11 @@ def test_fixed_verl_is_left_unwrapped_and_clears_itself(verl: str) -> None:
     assert r["offloaded"] and r["same"]
 
 
+@pytest.mark.subprocess(verl="0.8.0", env={"TE_OFFLOAD_SHIM": "0"})
 def test_disabled_by_environment_changes_nothing() -> None:
-    code = f"import te_offload_shim\nCALLER = {ENGINE!r}\n" + BUILD + OFFLOAD
-    r = run_py(code, verl="0.8.0", env={"TE_OFFLOAD_SHIM": "0"})
+    import te_offload_shim  # noqa: F401
+
+    r = offload(build(), ENGINE)
     assert r["state"]["verl"] == "not installed"
     assert r["caller_layers"] == 0 and r["module_layers"] == 0
     assert r["after"] == r["initial"] and r["flushes"] == [9]
@@ -102,37 +98,43 @@ def test_disabled_by_environment_changes_nothing() -> None:
     assert r["stats"]["calls"] == 0
 
 
-RAISING_WORKSPACE = """
 class Exploding(dict):
-    def pop(self, *a):
+    """A `_fp8_workspaces` dict whose clearing raises."""
+
+    def pop(self, *args: Any) -> Any:
         raise RuntimeError("boom")
-    def clear(self):
+
+    def clear(self) -> None:
         raise RuntimeError("boom")
-layer = w.linear_layers(model)[0][1]
-layer.__dict__["_fp8_workspaces"] = Exploding(layer.__dict__["_fp8_workspaces"])
-"""
 
 
-def test_clearing_that_raises_does_not_stop_the_offload() -> None:
-    code = f"import te_offload_shim\nCALLER = {ENGINE!r}\n" + BUILD + RAISING_WORKSPACE + OFFLOAD
-    r = run_py(code, verl="0.8.0")
+def explode_one(model: Any) -> None:
+    from harness import megatron_world as w
+
+    layer = w.linear_layers(model)[0][1]
+    layer.__dict__["_fp8_workspaces"] = Exploding(layer.__dict__["_fp8_workspaces"])
+
+
+@pytest.mark.subprocess(verl="0.8.0")
+def test_clearing_that_raises_does_not_stop_the_offload(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    import te_offload_shim  # noqa: F401
+
+    world = build(explode_one)
+    r = offload(world, ENGINE)
     assert r["offloaded"] and r["same"]
     assert r["after"]["entries"] == 1, "the raising dict keeps its entry; the other 8 are cleared"
     assert r["stats"]["entries"] == 8 and r["stats"]["errors"] == 1
-    assert r["_stderr"].count("cannot clear _fp8_workspaces") == 1
+    assert caplog.text.count("cannot clear _fp8_workspaces") == 1
 
 
+@pytest.mark.subprocess(verl="0.8.0", env={"TE_OFFLOAD_SHIM_STRICT": "1"})
 def test_clearing_that_raises_raises_in_strict_mode() -> None:
-    code = f"import te_offload_shim\nCALLER = {ENGINE!r}\n" + BUILD + RAISING_WORKSPACE
-    code += """
-caller = importlib.import_module(CALLER)
-try:
-    caller.offload_megatron_model_to_cpu([model])
-except Exception as exc:
-    emit(raised=type(exc).__name__, offloaded=all(b.param_data.untyped_storage().size() == 0 for b in model.buffers))
-else:
-    emit(raised=None)
-"""
-    r = run_py(code, verl="0.8.0", env={"TE_OFFLOAD_SHIM_STRICT": "1"})
-    assert r["raised"] == "ShimError"
-    assert r["offloaded"] is False
+    import te_offload_shim  # noqa: F401
+
+    world = build(explode_one)
+    caller = importlib.import_module(ENGINE)
+    with pytest.raises(Exception) as raised:
+        caller.offload_megatron_model_to_cpu([world.model])
+    assert type(raised.value).__name__ == "ShimError"
+    assert all(b.param_data.untyped_storage().size() == 0 for b in world.model.buffers) is False

@@ -29,9 +29,9 @@ from typing import Any
 from te_offload_shim._log import warn_once
 from te_offload_shim.engine import registry
 
-# engine.wrapper (and wrapt with it) is imported inside the functions that wrap: the handler reads
-# TRACE_CTX_KEYWORD from here, and `te_offload_shim.stats()` imports the handler in processes, such
-# as `te-offload-shim status`, that must not load wrapt.
+# engine.wrapper (and wrapt with it) is imported inside the functions that wrap: the constants and
+# the runtime_env rules here are read by `te-offload-shim status`, and the handler (which
+# `te_offload_shim.stats()` imports) reads TRACE_CTX_KEYWORD; neither may load wrapt.
 
 RAY_HOOK = "te_offload_shim.ray_setup"
 # With Ray tracing on, actor methods get this keyword through Ray's tracing closure: not a model argument.
@@ -48,7 +48,7 @@ def remote_user_class(obj: object) -> type | None:
 # runtime_env fields that give the workers another Python environment, where the package may be
 # missing: a setup hook that cannot be imported fails every worker of the job, so we stay out.
 _ENV_SWAPPING = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
-HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUPHOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUPHOOK_ENV_VAR
+HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 _JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set for the entrypoint of a `ray job submit`
 
 # --- actor classes: the by-value method copies -------------------------------------------------

@@ -21,12 +21,9 @@ def _load_in_bare_python(data: bytes, tmp_path: Path) -> str:
     only the target modules on the path."""
     blob = tmp_path / "blob.pickle"
     blob.write_bytes(data)
-    code = (
-        "import pickle, sys; obj = pickle.loads(open(sys.argv[1], 'rb').read()); "
-        "assert 'te_offload_shim' not in sys.modules and 'wrapt' not in sys.modules; print(obj([1]))"
-    )
     env = {"PYTHONPATH": str(TARGETS), "PATH": os.environ.get("PATH", "")}
-    proc = subprocess.run([sys.executable, "-S", "-c", code, str(blob)], capture_output=True, text=True, env=env)
+    script = Path(__file__).resolve().parent / "unpickle_bare.py"
+    proc = subprocess.run([sys.executable, "-S", str(script), str(blob)], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
