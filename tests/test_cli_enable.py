@@ -17,20 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import DEPS, REPO
 
-PROBE = """
-import json, os, sys
-shim = sys.modules.get("te_offload_shim")
-out = {"loaded": shim is not None, "installed": bool(shim and shim.installed()),
-       "wrapt_at_start": "wrapt" in sys.modules, "isolated": sys.flags.isolated}
-if os.environ.get("TE_OFFLOAD_SHIM_TARGETS"):
-    import faketarget
-    out["wrapt_after_target"] = "wrapt" in sys.modules
-    if shim is not None:
-        from te_offload_shim.engine.patch import shim_layers
-        out["layers"] = shim_layers(faketarget.offload)
-        out["state"] = {r["name"]: r["state"] for r in shim.status()["targets"]}["faketarget:offload"]
-print(json.dumps(out))
-"""
+PROBE = REPO / "tests" / "run_files" / "enable_probe.py"  # run by each venv's interpreter
 
 
 def _sh(*cmd: object, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -69,7 +56,7 @@ class Venv:
         _sh(sys.executable, "-m", "pip", "--python", self.python, *args, "-q", "--disable-pip-version-check")
 
     def probe(self, *flags: str, env: dict[str, str] | None = None) -> tuple[dict, str]:
-        proc = _sh(self.python, *flags, "-c", PROBE, env=env)
+        proc = _sh(self.python, *flags, PROBE, env=env)
         return json.loads(proc.stdout), proc.stderr
 
     def status(self, *flags: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
@@ -165,8 +152,8 @@ def test_stale_pth_after_uninstall_is_silent(venv: Venv) -> None:
     venv.pip("uninstall", "-y", "te-offload-shim")
     assert venv.pth.exists(), "pip does not know about our .pth: it stays behind"
     for flags in ((), ("-I",)):
-        proc = _sh(venv.python, *flags, "-c", "import sys; print('te_offload_shim' in sys.modules, 'ok')")
-        assert proc.stdout.strip() == "False ok" and proc.stderr == ""
+        r, err = venv.probe(*flags)
+        assert r["loaded"] is False and err == "", "the stale line imports nothing and says nothing"
 
 
 def test_enable_site_dir_and_python_m(venv: Venv, tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def _dist_info_version(verl: str) -> str:
     return info.name[len("verl-") : -len(".dist-info")]
 
 
-@pytest.mark.subprocess(verl="0.8.0")
+@pytest.mark.subprocess(verl="0.8.0", fresh=True)
 def test_status_reads_versions_without_importing_anything() -> None:
     from te_offload_shim import cli
 

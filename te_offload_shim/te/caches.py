@@ -86,20 +86,6 @@ class CacheReport:
     primary_weight_cleared: int = 0  # Float8Tensor transposes dropped through TE's update_usage (TE 2.4+)
     primary_weight_where: list[str] = field(default_factory=list)
 
-    def add(self, other: CacheReport) -> None:
-        self.entries += other.entries
-        self.modules += other.modules
-        self.bytes += other.bytes
-        self.bytes_shared += other.bytes_shared
-        self.primary_weight_params += other.primary_weight_params
-        self.primary_weight_bytes += other.primary_weight_bytes
-        self.primary_weight_cleared += other.primary_weight_cleared
-        self.primary_weight_where.extend(other.primary_weight_where[: _WHERE_MAX - len(self.primary_weight_where)])
-        if other.released_bytes is not None:
-            self.released_bytes = (self.released_bytes or 0) + other.released_bytes
-        self.skipped.extend(other.skipped)
-        self.errors.extend(other.errors)
-
     def as_dict(self) -> dict[str, Any]:
         return {
             "cleared": self.cleared,

@@ -22,13 +22,7 @@ import pytest
 from conftest import REPO
 
 MARKER = "only_in_the_launchers_env"
-CHILD = f"""
-import builtins, importlib.util, json, os, sys
-print(json.dumps({{"version": list(sys.version_info[:2]), "sys_path": sys.path,
-                  "shim": "te_offload_shim" in sys.modules, "marker": importlib.util.find_spec({MARKER!r}) is not None,
-                  "user_sitecustomize": getattr(builtins, "USER_SITECUSTOMIZE", 0),
-                  "pythonpath": os.environ.get("PYTHONPATH")}}))
-"""
+RUN_FILES = REPO / "tests" / "run_files"
 
 
 def _interpreter(minor: int) -> str | None:
@@ -53,20 +47,24 @@ def test_run_adds_nothing_of_its_environment_to_another_python(minor: int, tmp_p
     user = tmp_path / "user"
     user.mkdir()
     (user / "sitecustomize.py").write_text("import builtins\nbuiltins.USER_SITECUSTOMIZE = 1\n")
-    (tmp_path / "child.py").write_text(CHILD)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON"))}
     env["PYTHONPATH"] = str(user)
-    launcher = f"import sys; sys.path.insert(0, {str(site)!r}); from te_offload_shim.cli import main; sys.exit(main())"
+    launcher = [sys.executable, str(RUN_FILES / "console_launcher.py"), str(site)]  # the launcher's environment: site
 
     def child(*prefix: str) -> tuple[dict, str]:
         proc = subprocess.run(
-            [*prefix, other, "child.py"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+            [*prefix, other, str(RUN_FILES / "other_python_child.py"), MARKER],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout), proc.stderr
 
     plain, plain_err = child()
-    under_run, run_err = child(sys.executable, "-c", launcher, "run", "--")
+    under_run, run_err = child(*launcher, "run", "--")
     assert under_run["version"] == [3, minor]
     bootstrap = site / "te_offload_shim" / "activation" / "bootstrap"
     assert under_run["pythonpath"] == str(bootstrap) + os.pathsep + str(user)
