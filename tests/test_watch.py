@@ -131,16 +131,21 @@ def test_unwatch_all_takes_the_finder_off_and_stops_firing(modules: Modules) -> 
     assert calls == []
 
 
-def test_catch_up_fires_a_module_loaded_without_the_finder(modules: Modules) -> None:
-    name = modules.write("unseen", "DONE = 'loaded behind our back'\n")
-    calls: list = []
-    _watch.watch(name, recorder(calls))
-    # another finder put in front of ours answers for it (here: one that loads it plainly)
+def _load_behind_its_back(modules: Modules, name: str) -> ModuleType:
+    """Load `name` as another finder put in front of ours would: plainly, without our finder."""
     spec = importlib.machinery.PathFinder.find_spec(name, [str(modules.directory)])
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    return module
+
+
+def test_catch_up_fires_a_module_loaded_without_the_finder(modules: Modules) -> None:
+    name = modules.write("unseen", "DONE = 'loaded behind our back'\n")
+    calls: list = []
+    _watch.watch(name, recorder(calls))
+    module = _load_behind_its_back(modules, name)
     assert calls == []
     _watch.catch_up()
     assert calls == [(module, "loaded behind our back")]
@@ -153,11 +158,7 @@ def test_the_next_import_through_the_finder_notices_it_too(modules: Modules) -> 
     trigger = modules.write("trigger", "DONE = 1\n")
     calls: list = []
     _watch.watch(name, recorder(calls))
-    spec = importlib.machinery.PathFinder.find_spec(name, [str(modules.directory)])
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+    module = _load_behind_its_back(modules, name)
     importlib.import_module(trigger)  # any import consults the finder: the sweep tags this import's spec
     assert calls == [(module, 1)], "fired when the unrelated import finished"
 
