@@ -53,6 +53,22 @@ def _run_child(request: dict, base_path: list[str]) -> int:
     return int(pytest.main(request["args"]))
 
 
+def _exit_as_an_interpreter_does(rc: int) -> None:
+    """What a fresh interpreter does at its end, then leave without running the zygote's own: the
+    atexit callbacks the test registered (`ray.shutdown` stops the cluster a test started; left out,
+    its processes would keep two cores busy for the rest of the suite), then flush."""
+    import atexit
+
+    try:
+        atexit._run_exitfuncs()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+
 def main() -> None:
     base_path = [p for p in sys.path[1:]]  # less this script's folder, as `python -m` has none
     for name in PRELOAD:
@@ -76,9 +92,7 @@ def main() -> None:
             except BaseException:
                 traceback.print_exc()
             finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(rc)
+                _exit_as_an_interpreter_does(rc)
         answer.write(json.dumps({"pid": pid}) + "\n")
         answer.flush()
         _, status = os.waitpid(pid, 0)
