@@ -129,9 +129,15 @@ class _Zygote:
         assert proc.stdin is not None and proc.stdout is not None
         paths = [p for p in env["PYTHONPATH"].split(os.pathsep) if p]
         request = {"args": args, "env": env, "cwd": str(REPO), "pythonpath": paths, "out": str(out)}
-        proc.stdin.write(json.dumps(request) + "\n")
-        proc.stdin.flush()
-        pid = json.loads(proc.stdout.readline())["pid"]
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it is gone (it refused to serve, or died): the empty answer below says so
+        first = proc.stdout.readline()
+        if not first:
+            return self._died(out)
+        pid = json.loads(first)["pid"]
         ready, _, _ = select.select([proc.stdout], [], [], timeout)
         if not ready:
             os.kill(pid, 9)
@@ -139,9 +145,12 @@ class _Zygote:
             return None, _read(out)
         line = proc.stdout.readline()
         if not line:
-            self.broken = True  # the zygote itself died: the remaining tests start fresh interpreters
-            return 71, "the zygote died\n" + _read(out)
+            return self._died(out)
         return json.loads(line)["rc"], _read(out)
+
+    def _died(self, out: Path) -> tuple[int, str]:
+        self.broken = True  # the remaining tests of this worker start fresh interpreters
+        return 71, "the zygote died (its own error is on this worker's stderr)\n" + _read(out)
 
 
 def _read(path: Path) -> str:
