@@ -3,29 +3,44 @@ offloaded, in verl < 0.9, Megatron's own offload and the other Megatron RL frame
 
 `import te_offload_shim` installs the shim: it watches for the target modules and wraps their
 offload functions when they are imported. `TE_OFFLOAD_SHIM=0` turns the package into a no-op.
-
-This module and `_watch` are the start-up path: all that `import te_offload_shim` loads, standard
-library only (`_switches` joins them when a `TE_OFFLOAD_SHIM*` variable is set). Everything else
-(the table, the engine, TE's layouts, wrapt) is imported when a target module is, or when asked for.
+`status`, `stats`, `scan`, `clear_fp8_workspaces`, `residue` and `ray_setup` are defined in
+`te_offload_shim.api` and exported here.
 """
 
+# This module is the whole start-up path: all that `import te_offload_shim` loads, and it imports
+# only modules every interpreter has loaded before it runs. A second module of ours would cost
+# about 0.2 ms more to find and read, at every interpreter start of a cluster whose image imports
+# the shim from a .pth file. So `install()` and the post-import hook it puts on `sys.meta_path` live
+# here, and everything else is imported when a target module is, or when asked for: the API
+# (`api`), the table, the engine, TE's layouts, wrapt. `_switches` joins only when a
+# TE_OFFLOAD_SHIM* variable is set. The same budget explains three habits in this file: what
+# explains the code is a comment, not a docstring (docstrings are loaded at every start); names
+# that exist only for type checkers are quoted in annotations (`typing` costs milliseconds and
+# `from __future__` imports a module); and classes that most processes never need are built on
+# first use.
+
+import _frozen_importlib as _bootstrap  # importlib._bootstrap, loaded in every interpreter (even under -S)
+import _frozen_importlib_external as _bootstrap_external
 import _thread
 import os
 import sys
 
-from te_offload_shim import _watch
-
-TYPE_CHECKING = False  # the typing module costs milliseconds at every interpreter start
+TYPE_CHECKING = False
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
+    from typing import Any
 
+    from te_offload_shim.api import clear_fp8_workspaces, ray_setup, residue, scan, stats, status, uninstall
     from te_offload_shim.engine.status import Stats, Status, TargetRow, TargetState
     from te_offload_shim.integrations.targets import Target
     from te_offload_shim.reports.residue import ResidueReport
     from te_offload_shim.te.caches import CacheReport, ShimError, Skipped
 
-__version__ = "0.3.0"
+    Callback = Callable[[ModuleType], None]
+
+__version__ = "0.4.0"
 __all__ = [
     "CacheReport",
     "ResidueReport",
@@ -68,59 +83,19 @@ BUILTIN_MODULES = (
     "relax.backends.megatron.actor",
     "relax.backends.megatron.weight_update.train_offload",
 )
-_RAY = "ray"  # ray.init gains our worker setup hook (integrations/ray.py)
-_RAY_ACTORS = "ray._private.function_manager"  # Ray's actor-class loaders (integrations/ray.py)
+# Watched as well, each handed to its function in integrations/ray.py.
+_RAY_MODULES = {
+    "ray": "on_ray_import",  # ray.init gains our worker setup hook
+    "ray._private.function_manager": "on_function_manager_import",  # Ray's actor-class loaders
+}
 
-_lock = _thread.RLock()  # reset in a forked child, below: install() must work there too
+# --- install / uninstall --------------------------------------------------------------------------
+
+_lock = _thread.RLock()  # serialises install and uninstall; replaced in a forked child (end of file)
 _installed = False
 _user_targets: "tuple[Target, ...]" = ()
-_problems: list[str] = []
-_hook_errors: list[str] = []
-
-
-def _warn(key: str, message: str, *args: object) -> None:
-    from te_offload_shim._log import warn_once
-
-    warn_once(key, message, *args)
-
-
-def _on_hook_error(module: str, exc: BaseException) -> None:
-    _hook_errors.append(f"{module}: {type(exc).__name__}: {exc}")
-    _warn(f"hook:{module}", "te_offload_shim: patching %s failed (%s); it runs unpatched", module, repr(exc))
-
-
-def _on_import(module: "ModuleType") -> None:
-    from te_offload_shim.engine.status import on_target_import
-
-    on_target_import(module, all_targets())
-
-
-def _on_ray_import(module: "ModuleType") -> None:
-    from te_offload_shim.integrations import ray
-
-    ray.on_ray_import(module)
-
-
-def _on_ray_actors_import(module: "ModuleType") -> None:
-    from te_offload_shim.integrations import ray
-
-    ray.on_function_manager_import(module)
-
-
-def all_targets() -> "tuple[Target, ...]":
-    """The built-in table plus `TE_OFFLOAD_SHIM_TARGETS`, as installed (or as they would be)."""
-    from te_offload_shim.integrations.targets import BUILTIN, parse_user_targets
-
-    if _installed:
-        return (*BUILTIN, *_user_targets)
-    from te_offload_shim import _switches
-
-    return (*BUILTIN, *parse_user_targets(_switches.user_targets())[0])
-
-
-def _any_switch_set() -> bool:
-    # With no switch set, the defaults hold and `_switches` need not be loaded at start-up.
-    return any(name.startswith("TE_OFFLOAD_SHIM") for name in os.environ)
+_problems: "list[str]" = []  # TE_OFFLOAD_SHIM_TARGETS entries that were ignored, for status()
+_hook_errors: "list[str]" = []  # patching a target module failed, for status()
 
 
 def install() -> bool:
@@ -130,7 +105,7 @@ def install() -> bool:
     `TE_OFFLOAD_SHIM=0`."""
     global _installed, _user_targets
     switches: ModuleType | None = None
-    if _any_switch_set():
+    if _any_switch_set():  # with none set the defaults hold, and `_switches` need not load
         from te_offload_shim import _switches
 
         if not _switches.enabled():
@@ -139,119 +114,57 @@ def install() -> bool:
     with _lock:
         if _installed:
             return True
-        user: tuple[Target, ...] = ()
-        if switches is not None:
-            user = _read_switches(switches)
-        _user_targets = user
+        _user_targets = () if switches is None else switches.read_at_install(_problems)
         _installed = True  # what engine.registry.active() reads: patches may land from here on
-        _watch.set_error_handler(_on_hook_error)
-        for module in dict.fromkeys((*BUILTIN_MODULES, *(t.module for t in user))):
-            _watch.watch(module, _on_import)
-        _watch.watch(_RAY, _on_ray_import)
-        _watch.watch(_RAY_ACTORS, _on_ray_actors_import)
+        names = [*BUILTIN_MODULES, *_RAY_MODULES]
+        for target in _user_targets:
+            names.append(target.module)
+        _watcher.watch(_on_import, *names)
     return True
-
-
-def _read_switches(switches: "ModuleType") -> "tuple[Target, ...]":
-    """User targets from `TE_OFFLOAD_SHIM_TARGETS`, and a warning for every switch we cannot use."""
-    user: tuple[Target, ...] = ()
-    if switches.user_targets():
-        from te_offload_shim.integrations.targets import parse_user_targets
-
-        parsed, problems = parse_user_targets(switches.user_targets())
-        user = tuple(parsed)
-        _problems[:] = problems
-        for problem in problems:
-            _warn(f"user-target:{problem}", "te_offload_shim: ignoring %s entry %s", switches.TARGETS, problem)
-    names: tuple[str, ...] = ()
-    if switches.disabled_targets():  # the names it holds are checked against the table's
-        from te_offload_shim.integrations.targets import BUILTIN
-
-        names = tuple(t.name for t in (*BUILTIN, *user))
-    for problem in switches.switch_problems(names):
-        _warn(f"switch:{problem}", "te_offload_shim: %s", problem)
-    return user
-
-
-def uninstall() -> int:
-    """Stop watching, disarm every wrapper wherever it sits, restore every original (module
-    attributes, rebound aliases, Ray's loaders and actor method copies).
-
-    Returns how many patched attributes were restored; never raises. No patch lands after it
-    returns. `install()` works again afterwards."""
-    global _installed
-    with _lock:
-        _installed = False
-        try:
-            _watch.unwatch_all()
-        except Exception as exc:
-            _warn("uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", exc)
-        registry = sys.modules.get("te_offload_shim.engine.registry")
-        deactivate = getattr(registry, "deactivate", None)
-        if deactivate is None:
-            return 0  # no patch was ever made (or the first one is still importing: it will see the flag)
-        restored, errors = deactivate()
-        for error in errors:
-            _warn(f"uninstall:{error}", "te_offload_shim: uninstall could not restore %s", error)
-        return restored
 
 
 def installed() -> bool:
     return _installed
 
 
-def status() -> "Status":
-    """What this process has: switches, and for each target whether it is imported and patched."""
-    if _installed:
-        _watch.catch_up()
-    from te_offload_shim.engine.status import status as status_
-
-    return status_(all_targets(), _installed, list(_problems), list(_hook_errors))
-
-
-def stats() -> "Stats":
-    """Totals so far in this process: calls, entries, bytes (and per target); `audit`: the latest
-    residue report of `TE_OFFLOAD_SHIM_AUDIT` (None until one ran)."""
-    from te_offload_shim.engine.status import stats as stats_
-
-    return stats_()
+def _any_switch_set() -> bool:
+    # Iterating os.environ decodes every name (about 1 us each, and a cluster job sets hundreds);
+    # CPython's os.environ keeps the encoded names in `_data`, which is scanned as it is.
+    names = getattr(os.environ, "_data", None)
+    encode = getattr(os.environ, "encodekey", None)
+    if type(names) is not dict or encode is None:
+        names, encode = os.environ, str
+    prefix = encode("TE_OFFLOAD_SHIM")
+    for name in names:
+        if name.startswith(prefix):
+            return True
+    return False
 
 
-def clear_fp8_workspaces(models: object, *, strict: "bool | None" = None) -> "CacheReport":
-    """Drop TE's cached FP8 weight copies in `models` now; returns what was cleared and skipped."""
-    from te_offload_shim.te.caches import clear_fp8_workspaces as clear
+def _on_import(module: "ModuleType") -> None:
+    name = module.__name__
+    if name in _RAY_MODULES:
+        from te_offload_shim.integrations import ray
 
-    return clear(models, strict=strict)
+        getattr(ray, _RAY_MODULES[name])(module)
+        return
+    from te_offload_shim.api import all_targets
+    from te_offload_shim.engine.status import on_target_import
 
-
-def scan(models: object) -> "CacheReport":
-    """What `clear_fp8_workspaces(models)` would clear, changing nothing."""
-    from te_offload_shim.te.caches import scan as scan_
-
-    return scan_(models)
-
-
-def residue(models: object, *, device_type: "str | None" = None) -> "ResidueReport":
-    """What `models` still hold on a device (any but the CPU, or exactly `device_type`), by
-    category, each storage once; with the process's allocator and driver numbers. Changes nothing."""
-    from te_offload_shim.reports.residue import residue as residue_
-
-    return residue_(models, device_type=device_type)
+    on_target_import(module, all_targets())
 
 
-def ray_setup() -> None:
-    """For `runtime_env={"worker_process_setup_hook": "te_offload_shim.ray_setup"}`. Never raises:
-    a raising setup hook kills the Ray worker."""
-    try:
-        install()
-    except Exception as exc:  # pragma: no cover - install() itself fails open
-        try:
-            _warn("ray-setup", "te_offload_shim: ray_setup failed: %r", exc)
-        except Exception:  # not even logging may fail the worker
-            pass
+# --- the rest of the public names: loaded on first use (PEP 562) ----------------------------------
 
-
-_EXPORTED_TYPES = {
+_EXPORTS = {
+    "all_targets": "te_offload_shim.api",
+    "uninstall": "te_offload_shim.api",
+    "clear_fp8_workspaces": "te_offload_shim.api",
+    "ray_setup": "te_offload_shim.api",
+    "residue": "te_offload_shim.api",
+    "scan": "te_offload_shim.api",
+    "stats": "te_offload_shim.api",
+    "status": "te_offload_shim.api",
     "CacheReport": "te_offload_shim.te.caches",
     "Skipped": "te_offload_shim.te.caches",
     "ShimError": "te_offload_shim.te.caches",
@@ -264,18 +177,181 @@ _EXPORTED_TYPES = {
 
 
 def __getattr__(name: str) -> object:
-    # The report types load with their modules, on first use: not at start-up.
-    module = _EXPORTED_TYPES.get(name)
+    module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'te_offload_shim' has no attribute {name!r}")
     from importlib import import_module
 
-    return getattr(import_module(module), name)
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # from now on a plain attribute
+    return value
+
+
+def __dir__() -> "list[str]":
+    return sorted({*globals(), *_EXPORTS})
+
+
+# --- the post-import hook, first half: noticing -------------------------------------------------
+#
+# `_watcher` runs callbacks right after a named module finishes executing. It is split in two: the
+# half here must be on `sys.meta_path` from the start, and notices a watched module; `_firing`
+# arranges for its callbacks and runs them, and loads the first time a watched module turns up.
+# What the two promise, and how:
+#
+# - Nothing blocks on another thread's import, and nothing imports, executes or forces the load of
+#   a module itself (a lazily loaded module stays unloaded; a failed import is not retried).
+# - The normal path: `_watcher` is a meta path finder that answers only for watched names, by
+#   asking the rest of the meta path exactly as the import system would
+#   (`importlib._bootstrap._find_spec`, legacy `find_module` finders included), and chains the
+#   loader it got so the callbacks run after the module body (`exec_module`, or `load_module` for a
+#   legacy loader). It stays on `sys.meta_path`, so `importlib.reload` of a target fires again.
+# - An import already running when a name is watched (on another thread, or the module that is
+#   importing the shim right now): its spec is tagged, to run the callbacks when the import system
+#   marks it finished (`spec._initializing = False`, set at the end of every import since 3.4).
+# - Another finder put in front of ours: every time ours is consulted it moves back to the front,
+#   and notices any watched module that finished loading without it (the fallback that also covers
+#   loaders we could not chain): the import under way gets its spec tagged.
+# - `sys.meta_path` is replaced, never edited in place: another thread's import may be walking it.
+# - No import statement runs inside `find_spec`: the import system holds its global lock there,
+#   and an import that waits for a module lock held by a thread that waits for the global lock
+#   would deadlock both. `_firing` is loaded there by hand (`_load_firing`), taking no lock, and its
+#   body imports nothing an interpreter has not loaded already. Callbacks run after the module
+#   body, outside that lock.
+
+_FIRING = "te_offload_shim._firing"
+
+
+class _Watcher:
+    def __init__(self) -> None:
+        self.callbacks: dict[str, tuple[Callback, ...]] = {}  # replaced, never edited in place
+        self.fired: dict[str, Any] = {}  # name -> weak reference to the module object its callbacks ran for
+        # Never held while a callback runs or anything imports. Not a `_locks.Lock` (a module more
+        # at start-up); replaced in a forked child all the same (end of file).
+        self.lock = _thread.RLock()
+        self.on_error: Callable[[str, BaseException], None] | None = None
+        self.firing: set[int] = set()  # threads running callbacks (see `_firing`)
+        self.searching: set[tuple[int, str]] = set()  # (thread, name): our own look-ups in find_spec
+
+    def watch(self, callback: "Callback", *names: str) -> None:
+        # `callback(module)` after each name is imported; at once for one already imported (or when
+        # its import finishes, if it is running now). Never waits.
+        alone = (callback,)  # one tuple shared by every name that has only this callback
+        with self.lock:
+            for name in names:
+                callbacks = self.callbacks.get(name, ())
+                if callback not in callbacks:
+                    self.callbacks[name] = (*callbacks, callback) if callbacks else alone
+            if not sys.meta_path or sys.meta_path[0] is not self:
+                self._to_front()
+        for name in dict.fromkeys(names):  # a user target may repeat a built-in module
+            if name in sys.modules:
+                _load_firing().arrived(name, callback)
+
+    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
+        if not self.callbacks:
+            return None
+        meta_path = sys.meta_path
+        if meta_path and meta_path[0] is not self:
+            with self.lock:
+                if self.callbacks:
+                    self._to_front()
+        due = bool(self.missed())
+        watched = fullname in self.callbacks
+        if not watched and not due:
+            return None
+        key = (_thread.get_ident(), fullname)
+        if key in self.searching:
+            return None  # our own search below: let the rest of the meta path answer
+        self.searching.add(key)
+        try:
+            spec = _bootstrap._find_spec(fullname, path, target)  # type: ignore[attr-defined]
+        finally:
+            self.searching.discard(key)
+        if spec is not None:
+            try:
+                _load_firing().arrange(spec, fullname, watched, due)
+            except Exception as exc:  # the module loads unwatched; status() shows why
+                _hook_errors.append(f"{fullname}: {type(exc).__name__}: {exc}")
+        return spec
+
+    def _to_front(self) -> None:
+        # Under self.lock. A new list, not an edit: an import on another thread may be iterating it.
+        meta_path: list[Any] = [self]
+        for finder in sys.meta_path:
+            if finder is not self:
+                meta_path.append(finder)
+        sys.meta_path = meta_path
+
+    def missed(self) -> "list[tuple[str, ModuleType]]":
+        # Watched modules loaded without our loader seeing them. One still executing gets its spec
+        # tagged (its callbacks run when it finishes); the finished ones are returned, for
+        # `_firing.sweep` to fire (never from inside find_spec).
+        found = []
+        for name in list(self.callbacks):
+            module = sys.modules.get(name)
+            if module is None or self.fired_for(name, module):
+                continue
+            d, initializing = _module_state(module)
+            if d is None:
+                continue
+            if initializing:
+                _load_firing().tag(d.get("__spec__"))
+            else:
+                found.append((name, module))
+        return found
+
+    def fired_for(self, name: str, module: object) -> bool:
+        ref = self.fired.get(name)
+        return ref is not None and ref() is module
+
+
+def _module_namespace(module: object) -> "dict[str, Any] | None":
+    # A loaded module's namespace, read without running any of its code. A module loaded with
+    # `importlib.util.LazyLoader` executes on its first attribute access, and `__dict__` is an
+    # attribute: reading it through the module would import something the application never
+    # asked for. Such a module (and anything in sys.modules that is not a module) gives None.
+    if type(module).__name__ == "_LazyModule" or not isinstance(module, type(sys)):
+        return None
+    try:
+        d = object.__getattribute__(module, "__dict__")
+    except Exception:
+        return None
+    return d if type(d) is dict else None
+
+
+def _module_state(module: object) -> "tuple[dict | None, bool]":
+    # (namespace, still executing) of a module in sys.modules, read without running its code.
+    d = _module_namespace(module)
+    if d is None:
+        return None, False
+    try:
+        return d, bool(getattr(d.get("__spec__"), "_initializing", False))
+    except Exception:
+        return None, False
+
+
+def _load_firing() -> "Any":
+    # `_firing`, loaded without an import statement, which would take its module lock (see above).
+    # Two threads racing here outside find_spec may each build one; the first in sys.modules is
+    # kept, and the other is as good (all state lives in `_watcher`).
+    module = sys.modules.get(_FIRING)
+    if module is None:
+        spec = _bootstrap_external.PathFinder.find_spec(_FIRING, __path__)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"{_FIRING} not found in {__path__}")
+        module = _bootstrap.module_from_spec(spec)  # type: ignore[attr-defined]
+        spec.loader.exec_module(module)
+        module = sys.modules.setdefault(_FIRING, module)
+    return module
+
+
+_watcher = _Watcher()
 
 
 def _after_fork_in_child() -> None:
     global _lock
     _lock = _thread.RLock()
+    _watcher.lock = _thread.RLock()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX only; Windows has no fork

@@ -5,8 +5,8 @@ child, it is held forever, and the child hangs at its next offload or import. Ev
 package is made here, and each is replaced by a fresh one in the child (the same thing CPython
 does for its own import and logging locks). Whatever that lock guarded may be half-updated in the
 child; every guarded structure tolerates that (a registry entry is recorded before it takes effect).
-The two start-up modules (`__init__`, `_watch`) are not allowed the cost of importing this one:
-each resets its own lock the same way.
+The start-up module (`__init__`) is not allowed the cost of importing this one: it resets its own
+locks the same way.
 """
 
 from __future__ import annotations

@@ -92,10 +92,11 @@ def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[st
 def collect(do_import: bool = False) -> dict[str, Any]:
     """Everything `status` reports, and whether it is healthy (with the reasons when not)."""
     import te_offload_shim
+    from te_offload_shim.api import all_targets
     from te_offload_shim.integrations import versions
 
     enabled = _switches.enabled()
-    targets = te_offload_shim.all_targets()
+    targets = all_targets()
     rows = [versions.target_row(t, enabled) for t in targets]
     import_errors, import_output = _import_targets(rows) if do_import else ({}, [])
     if do_import:

@@ -1,6 +1,6 @@
 """The start-up path stays small, and the layout the README describes is the package's.
 
-`import te_offload_shim` may load two modules of ours and nothing else (`_switches` too when a
+`import te_offload_shim` may load one module of ours and nothing else (`_switches` too when a
 switch is set); the module names it watches must be the table's.
 """
 
@@ -24,12 +24,12 @@ def test_the_start_up_path_watches_exactly_the_modules_of_the_table() -> None:
 
 
 @pytest.mark.subprocess(fresh=True)
-def test_import_loads_two_modules_of_ours_and_nothing_else() -> None:
+def test_import_loads_one_module_of_ours_and_nothing_else() -> None:
     before = set(sys.modules)
     import te_offload_shim
 
     assert te_offload_shim.installed()
-    assert set(sys.modules) - before == {"te_offload_shim", "te_offload_shim._watch"}
+    assert set(sys.modules) - before == {"te_offload_shim"}
 
 
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_STRICT": "1"}, fresh=True)
@@ -38,7 +38,7 @@ def test_a_switch_set_adds_only_the_switches_module() -> None:
     import te_offload_shim
 
     assert te_offload_shim.installed()
-    assert set(sys.modules) - before == {"te_offload_shim", "te_offload_shim._watch", "te_offload_shim._switches"}
+    assert set(sys.modules) - before == {"te_offload_shim", "te_offload_shim._switches"}
 
 
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM": "0"})
@@ -58,6 +58,8 @@ def test_report_types_are_exported_lazily_and_typed() -> None:
     assert te_offload_shim.ShimError is caches.ShimError
     assert te_offload_shim.Status is status.Status
     assert set(te_offload_shim.__all__) >= {"CacheReport", "Skipped", "ShimError", "ResidueReport", "Status", "Stats"}
+    assert {"status", "uninstall", "scan", "CacheReport"} <= set(dir(te_offload_shim)), "dir() lists the lazy names"
+    assert te_offload_shim.uninstall.__module__ == "te_offload_shim.api"
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         te_offload_shim.nope  # noqa: B018
     row_keys = set(status.TargetRow.__annotations__)

@@ -1,4 +1,5 @@
-"""The post-import watcher (te_offload_shim/_watch.py), in this process.
+"""The post-import watcher (`_Watcher` in te_offload_shim/__init__.py, and te_offload_shim/_firing.py),
+in this process.
 
 Each test writes its own modules, under names no other test uses, to a temporary directory, and
 leaves the watcher as it found it (the shim may be installed in this process by another test: its
@@ -18,7 +19,10 @@ from types import ModuleType
 
 import pytest
 
-from te_offload_shim import _watch
+import te_offload_shim
+from te_offload_shim import _firing
+
+watcher = te_offload_shim._watcher
 
 _serial = itertools.count()
 
@@ -39,23 +43,23 @@ class Modules:
 
 @pytest.fixture
 def modules(tmp_path: Path) -> Iterator[Modules]:
-    saved_callbacks = {name: list(callbacks) for name, callbacks in _watch._callbacks.items()}
-    saved_fired = dict(_watch._fired)
-    saved_handler = _watch._on_error
+    saved_callbacks = dict(watcher.callbacks)
+    saved_fired = dict(watcher.fired)
+    saved_handler = watcher.on_error
     saved_meta_path = list(sys.meta_path)
-    _watch.unwatch_all()
+    _firing.unwatch_all()
     sys.path.insert(0, str(tmp_path))
     made = Modules(tmp_path)
     try:
         yield made
     finally:
-        _watch.unwatch_all()
+        _firing.unwatch_all()
         sys.path.remove(str(tmp_path))
         for name in [n for n in sys.modules if n.startswith(made.prefix)]:
             del sys.modules[name]
-        _watch._callbacks.update(saved_callbacks)
-        _watch._fired.update(saved_fired)
-        _watch._on_error = saved_handler
+        watcher.callbacks.update(saved_callbacks)
+        watcher.fired.update(saved_fired)
+        watcher.on_error = saved_handler
         sys.meta_path = saved_meta_path
         importlib.invalidate_caches()
 
@@ -72,8 +76,8 @@ def recorder(calls: list) -> Callable[[ModuleType], None]:
 def test_fires_after_the_module_body_once_with_the_real_loader_back(modules: Modules) -> None:
     name = modules.write("plain", "DONE = 'body ran to its end'\n")
     calls: list = []
-    _watch.watch(name, recorder(calls))
-    assert sys.meta_path[0] is _watch._finder
+    watcher.watch(recorder(calls), name)
+    assert sys.meta_path[0] is watcher
     assert calls == [], "watching a module not imported yet runs nothing"
 
     module = importlib.import_module(name)
@@ -83,7 +87,7 @@ def test_fires_after_the_module_body_once_with_the_real_loader_back(modules: Mod
     assert type(module.__spec__.loader) is importlib.machinery.SourceFileLoader
 
     importlib.import_module(name)  # already imported: no new import, no new call
-    _watch.catch_up()
+    _firing.sweep()
     assert len(calls) == 1, "the callbacks run once per module object"
 
 
@@ -91,26 +95,26 @@ def test_watching_an_imported_module_fires_at_once(modules: Modules) -> None:
     name = modules.write("early", "DONE = True\n")
     module = importlib.import_module(name)
     calls: list = []
-    _watch.watch(name, recorder(calls))
+    watcher.watch(recorder(calls), name)
     assert calls == [(module, True)]
-    _watch.catch_up()
+    _firing.sweep()
     assert len(calls) == 1
 
 
 def test_the_finder_answers_only_for_watched_names(modules: Modules) -> None:
     watched = modules.write("watched", "DONE = 1\n")
     other = modules.write("other", "DONE = 1\n")
-    _watch.watch(watched, recorder([]))
-    spec = _watch._finder.find_spec(watched)
-    assert spec is not None and isinstance(spec.loader, _watch._ChainedLoader)
-    assert _watch._finder.find_spec(other) is None
-    assert _watch._finder.find_spec(f"{modules.prefix}_nowhere") is None, "a watched name nobody can find"
+    watcher.watch(recorder([]), watched)
+    spec = watcher.find_spec(watched)
+    assert spec is not None and isinstance(spec.loader, _firing.ChainedLoader)
+    assert watcher.find_spec(other) is None
+    assert watcher.find_spec(f"{modules.prefix}_nowhere") is None, "a watched name nobody can find"
 
 
 def test_a_new_module_object_fires_again_and_reload_fires_again(modules: Modules) -> None:
     name = modules.write("again", "DONE = object()\n")
     calls: list = []
-    _watch.watch(name, recorder(calls))
+    watcher.watch(recorder(calls), name)
     first = importlib.import_module(name)
     del sys.modules[name]
     second = importlib.import_module(name)
@@ -123,11 +127,11 @@ def test_a_new_module_object_fires_again_and_reload_fires_again(modules: Modules
 def test_unwatch_all_takes_the_finder_off_and_stops_firing(modules: Modules) -> None:
     name = modules.write("dropped", "DONE = 1\n")
     calls: list = []
-    _watch.watch(name, recorder(calls))
-    _watch.unwatch_all()
-    assert _watch._finder not in sys.meta_path
+    watcher.watch(recorder(calls), name)
+    _firing.unwatch_all()
+    assert watcher not in sys.meta_path
     importlib.import_module(name)
-    _watch.catch_up()
+    _firing.sweep()
     assert calls == []
 
 
@@ -144,12 +148,12 @@ def _load_behind_its_back(modules: Modules, name: str) -> ModuleType:
 def test_catch_up_fires_a_module_loaded_without_the_finder(modules: Modules) -> None:
     name = modules.write("unseen", "DONE = 'loaded behind our back'\n")
     calls: list = []
-    _watch.watch(name, recorder(calls))
+    watcher.watch(recorder(calls), name)
     module = _load_behind_its_back(modules, name)
     assert calls == []
-    _watch.catch_up()
+    _firing.sweep()
     assert calls == [(module, "loaded behind our back")]
-    _watch.catch_up()
+    _firing.sweep()
     assert len(calls) == 1
 
 
@@ -157,7 +161,7 @@ def test_the_next_import_through_the_finder_notices_it_too(modules: Modules) -> 
     name = modules.write("unseen2", "DONE = 1\n")
     trigger = modules.write("trigger", "DONE = 1\n")
     calls: list = []
-    _watch.watch(name, recorder(calls))
+    watcher.watch(recorder(calls), name)
     module = _load_behind_its_back(modules, name)
     importlib.import_module(trigger)  # any import consults the finder: the sweep tags this import's spec
     assert calls == [(module, 1)], "fired when the unrelated import finished"
@@ -179,9 +183,9 @@ def test_an_import_in_flight_is_fired_when_it_finishes(modules: Modules) -> None
         name = modules.write(
             "inflight",
             "import sys\n"
-            "from te_offload_shim import _watch\n"
-            "_watch.watch(__name__, sys.modules['watch_probe_hook'].callback)\n"
-            "TAGGED = type(__spec__) is _watch._SpecWatch\n"
+            "import te_offload_shim\nfrom te_offload_shim import _firing\n"
+            "te_offload_shim._watcher.watch(sys.modules['watch_probe_hook'].callback, __name__)\n"
+            "TAGGED = type(__spec__) is _firing.SpecWatch\n"
             "FIRED_EARLY = bool(sys.modules['watch_probe_hook'].calls)\n"
             "DONE = 'end of body'\n",
         )
@@ -203,15 +207,15 @@ def test_a_failed_import_in_flight_fires_nothing(modules: Modules) -> None:
         name = modules.write(
             "fails",
             "import sys\n"
-            "from te_offload_shim import _watch\n"
-            "_watch.watch(__name__, sys.modules['watch_probe_hook2'].callback)\n"
+            "import te_offload_shim\nfrom te_offload_shim import _firing\n"
+            "te_offload_shim._watcher.watch(sys.modules['watch_probe_hook2'].callback, __name__)\n"
             "raise RuntimeError('the body fails')\n",
         )
         with pytest.raises(RuntimeError, match="the body fails"):
             importlib.import_module(name)
     finally:
         del sys.modules["watch_probe_hook2"]
-    _watch.catch_up()
+    _firing.sweep()
     assert calls == [] and name not in sys.modules
 
 
@@ -219,19 +223,19 @@ def test_a_callback_error_goes_to_the_handler_and_not_to_the_import(modules: Mod
     name = modules.write("erring", "DONE = 1\n")
     errors: list = []
     later: list = []
-    _watch.set_error_handler(lambda module, exc: errors.append((module, exc)))
+    watcher.on_error = lambda module, exc: errors.append((module, exc))
 
     def boom(module: ModuleType) -> None:
         raise ValueError("callback failed")
 
-    _watch.watch(name, boom)
-    _watch.watch(name, recorder(later))
+    watcher.watch(boom, name)
+    watcher.watch(recorder(later), name)
     module = importlib.import_module(name)  # must not raise
     assert [(n, type(e), str(e)) for n, e in errors] == [(name, ValueError, "callback failed")]
     assert later == [(module, 1)], "the next callback still runs"
 
     # a handler that fails itself is swallowed too
-    _watch.set_error_handler(lambda module, exc: 1 / 0)  # type: ignore[func-returns-value]
+    watcher.on_error = lambda module, exc: 1 / 0  # type: ignore[func-returns-value]
     del sys.modules[name]
     importlib.import_module(name)
     assert len(later) == 2
@@ -252,11 +256,11 @@ def test_a_callback_that_imports_a_watched_module_does_not_nest(modules: Modules
     def on_inner(module: ModuleType) -> None:
         order.append(f"inner saw {module.DONE}")
 
-    _watch.watch(outer, on_outer)
-    _watch.watch(inner, on_inner)
+    watcher.watch(on_outer, outer)
+    watcher.watch(on_inner, inner)
     importlib.import_module(outer)
     assert order == ["outer start", "outer end", "inner saw inner"]
-    _watch.catch_up()
+    _firing.sweep()
     assert len(order) == 3, "and only once"
 
 
@@ -268,9 +272,9 @@ def test_watch_from_inside_a_callback_runs_after_it(modules: Modules) -> None:
 
     def on_first(module: ModuleType) -> None:
         order.append("first start")
-        _watch.watch(second, lambda m: order.append("second"))  # already imported: due, not run here
+        watcher.watch(lambda m: order.append("second"), second)  # already imported: due, not run here
         order.append("first end")
 
-    _watch.watch(first, on_first)
+    watcher.watch(on_first, first)
     importlib.import_module(first)
     assert order == ["first start", "first end", "second"]

@@ -15,8 +15,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from te_offload_shim import _module_namespace as namespace
 from te_offload_shim._locks import Lock
-from te_offload_shim._watch import namespace
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -1,4 +1,4 @@
-"""Scenarios 1, 3, 4, 5, 10 and 15: the import system with the shim in it behaves as without it.
+"""Scenarios 1, 3, 4, 5, 10, 15 and 16: the import system with the shim in it behaves as without it.
 
 Each test runs in a fresh interpreter: which modules are loaded, which finders are on the meta
 path and which threads import what is the whole point.
@@ -316,3 +316,50 @@ def test_uninstall_does_not_break_an_import_in_flight_on_another_thread(tmp_path
     pausing.go_on.set()
     thread.join(10)
     assert failures == [] and sys.modules["walked_module"].VALUE == 1, failures
+
+
+@pytest.mark.subprocess(fresh=True)
+def test_firing_loads_by_hand_and_imports_nothing_new() -> None:
+    """Scenario 16: `_firing` (the hook's second half) may load inside find_spec: it must come in
+    without an import statement, and bring no module the interpreter had not loaded already."""
+    import te_offload_shim as shim
+
+    assert "te_offload_shim._firing" not in sys.modules, "start-up must not load the second half"
+    before = set(sys.modules)
+    firing = shim._load_firing()
+    assert set(sys.modules) - before == {"te_offload_shim._firing"}
+    assert shim._load_firing() is firing is sys.modules["te_offload_shim._firing"]
+
+
+@pytest.mark.subprocess(fresh=True)
+def test_a_watched_import_does_not_wait_for_a_thread_importing_firing(tmp_path: Path) -> None:
+    """Scenario 16: the deadlock an import statement inside find_spec would risk: another thread holds
+    `_firing`'s module lock (it is importing it) while this one, inside find_spec under the import
+    system's global lock, needs `_firing`. Loaded by hand, it needs no module lock."""
+    import threading
+    from importlib import _bootstrap  # type: ignore[attr-defined]
+
+    import te_offload_shim as shim
+
+    (tmp_path / "firing_race_target.py").write_text("DONE = True\n")
+    sys.path.insert(0, str(tmp_path))
+    calls: list = []
+    shim._watcher.watch(calls.append, "firing_race_target")
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_module_lock() -> None:
+        with _bootstrap._ModuleLockManager("te_offload_shim._firing"):
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_module_lock, daemon=True)
+    holder.start()
+    assert holding.wait(10)
+    importer = threading.Thread(target=importlib.import_module, args=("firing_race_target",), daemon=True)
+    importer.start()
+    importer.join(10)
+    finished = not importer.is_alive()
+    release.set()
+    holder.join(10)
+    assert finished, "importing a watched module waited for the thread holding _firing's module lock"
+    assert [m.__name__ for m in calls] == ["firing_race_target"]

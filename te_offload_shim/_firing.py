@@ -1,0 +1,233 @@
+"""The post-import hook, second half: arranging for a watched module's callbacks, and running them.
+
+The first half is `_Watcher` in `te_offload_shim/__init__.py`, on the start-up path: the meta path
+finder that notices a watched module. It loads this module the first time one turns up, and hands
+it the module's spec (`arrange`): the spec's loader is chained, or the spec is tagged, so that
+`fire` runs right after the module's body.
+
+- The callbacks run once per module object (a new module object, or a reload, runs them again).
+- A callback never makes the import fail: its exception goes to the watcher's `on_error`.
+- Callbacks do not nest on one thread: a callback that imports another watched module (the patcher
+  loads wrapt) would find our own modules half-built; that module's callbacks run right after.
+- The watcher's lock is never held while a callback runs.
+
+This module can load inside the finder's `find_spec`, where the import system holds its global
+lock. So the package loads it by hand (`_load_firing`), never by an import statement, and its body
+imports only what every interpreter has loaded before it runs, like the package's `__init__`
+(annotations are quoted for the same reason).
+"""
+
+import _frozen_importlib as _bootstrap
+import _thread
+import _weakref
+import sys
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+    from te_offload_shim import Callback
+
+# The package, from sys.modules rather than imported: this module may load while the package's own
+# import is still running on another thread, and an import statement would wait for it to finish.
+_shim = sys.modules["te_offload_shim"]
+_watcher = _shim._watcher
+_module_state = _shim._module_state
+_ModuleSpec = _bootstrap.ModuleSpec
+
+
+def arrange(spec: "Any", name: str, watched: bool, due: bool) -> None:
+    """Called by the finder with the spec of the import under way: `watched` when it is a watched
+    module (its loader gets chained), `due` when a watched module was missed (the spec is tagged,
+    and what was missed fires when this import ends)."""
+    if due:
+        tag(spec)
+    loader = spec.loader
+    if watched and loader is not None and type(loader) not in (ChainedLoader, ChainedLegacyLoader):
+        if hasattr(loader, "exec_module"):
+            spec.loader = ChainedLoader(loader, name)
+        elif hasattr(loader, "load_module"):
+            spec.loader = ChainedLegacyLoader(loader, name)
+
+
+def tag(spec: object) -> None:
+    """Have the import system's own `spec._initializing = False`, at the end of the import, run the
+    callbacks. A finder's own spec subclass is left alone: the sweep covers it."""
+    if type(spec) is _ModuleSpec:
+        try:
+            spec.__class__ = SpecWatch
+        except TypeError:
+            pass
+
+
+class SpecWatch(_ModuleSpec):  # type: ignore[valid-type,misc]
+    """The class of a tagged spec: the import system's `_initializing = False` at the end of its
+    import runs our callbacks (its own, and any that came due meanwhile), on the importing thread,
+    outside the global import lock, without anyone waiting for anyone. The spec gets its own class
+    back right then."""
+
+    @property
+    def _initializing(self) -> bool:
+        return bool(self.__dict__.get("_initializing", False))
+
+    @_initializing.setter
+    def _initializing(self, value: bool) -> None:
+        self.__dict__["_initializing"] = value
+        if value:
+            return
+        try:
+            self.__class__ = _ModuleSpec  # type: ignore[assignment]
+            module = sys.modules.get(self.name)
+            if module is not None and getattr(module, "__spec__", None) is self:
+                finished(self.name)  # a failed import left no module: nothing runs
+            sweep()
+        except Exception as exc:
+            report(self.name, exc)
+
+
+class ChainedLoader:
+    """Runs the real loader, then the callbacks; hands the real loader back to the module."""
+
+    def __init__(self, loader: "Any", name: str) -> None:
+        self._loader = loader
+        self._name = name
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: object) -> "ModuleType | None":
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module: "ModuleType") -> None:
+        # Nothing after this point should see our proxy (pkgutil, importlib.resources, a reload).
+        try:
+            module.__loader__ = self._loader
+        except Exception:  # a module type whose __loader__ is read-only keeps ours: harmless
+            pass
+        spec = getattr(module, "__spec__", None)
+        if getattr(spec, "loader", None) is self:
+            try:
+                spec.loader = self._loader  # type: ignore[union-attr]
+            except Exception:
+                pass
+        self._loader.exec_module(module)
+        fire(self._name, module)
+
+
+class ChainedLegacyLoader:
+    """The same for a loader that only has `load_module` (no `exec_module` here, on purpose: the
+    import system picks the protocol by looking for it)."""
+
+    def __init__(self, loader: "Any", name: str) -> None:
+        self._loader = loader
+        self._name = name
+
+    def __getattr__(self, name: str) -> object:
+        if name == "exec_module":
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+    def load_module(self, fullname: str) -> "ModuleType":
+        module = self._loader.load_module(fullname)
+        fire(self._name, module)
+        return module
+
+
+def arrived(name: str, callback: "Callback") -> None:
+    """`callback` was just added for `name`, which is in sys.modules: run it now if the module is
+    loaded and finished, or when its import finishes."""
+    module = sys.modules.get(name)
+    if module is None:
+        return
+    d, initializing = _module_state(module)
+    if d is None:
+        return  # lazily imported and not loaded yet: the sweep sees it once it is
+    if initializing:
+        tag(d.get("__spec__"))
+        return
+    if _thread.get_ident() in _watcher.firing:
+        return  # install() from inside a callback: the sweep after it runs this one
+    if len(_watcher.callbacks.get(name, ())) == 1:
+        try:
+            _watcher.fired[name] = _weakref.ref(module)
+        except TypeError:
+            pass
+    _run(name, module, (callback,))
+
+
+def fire(name: str, module: "ModuleType") -> None:
+    """Run every callback of `name` for `module`, once."""
+    if _thread.get_ident() in _watcher.firing:
+        return  # inside a callback on this thread: it comes due, and runs when that one is done
+    with _watcher.lock:
+        callbacks = _watcher.callbacks.get(name, ())
+        try:
+            _watcher.fired[name] = _weakref.ref(module)
+        except TypeError:  # a module type without weak references: remember nothing, fire anyway
+            _watcher.fired.pop(name, None)
+    _run(name, module, callbacks)
+
+
+def finished(name: str) -> None:
+    """Run the callbacks for `name` if it is loaded, finished, and they have not run for it."""
+    module = sys.modules.get(name)
+    if module is None or _watcher.fired_for(name, module) or name not in _watcher.callbacks:
+        return
+    d, initializing = _module_state(module)
+    if d is None:
+        return  # not loaded yet (lazy), or not a module we can read safely
+    if initializing:
+        tag(d.get("__spec__"))
+        return
+    fire(name, module)
+
+
+def sweep() -> None:
+    """Fire every watched module that finished loading without our loader seeing it (`status()`
+    calls it too)."""
+    for name, module in _watcher.missed():
+        try:
+            fire(name, module)
+        except Exception as exc:
+            report(name, exc)
+
+
+def unwatch_all() -> None:
+    """Drop every callback and take the finder off the meta path."""
+    with _watcher.lock:
+        _watcher.callbacks.clear()
+        _watcher.fired.clear()
+        sys.meta_path = [f for f in sys.meta_path if f is not _watcher]
+
+
+def report(name: str, exc: BaseException) -> None:
+    """Hand a callback's exception to the watcher's `on_error` (by default: `status()` lists it,
+    and it is logged once); nothing the handler does escapes."""
+    try:
+        (_watcher.on_error or _hook_error)(name, exc)
+    except Exception:
+        pass
+
+
+def _hook_error(module: str, exc: BaseException) -> None:
+    from te_offload_shim._log import warn_once
+
+    _shim._hook_errors.append(f"{module}: {type(exc).__name__}: {exc}")
+    warn_once(f"hook:{module}", "te_offload_shim: patching %s failed (%s); it runs unpatched", module, repr(exc))
+
+
+def _run(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]") -> None:
+    thread = _thread.get_ident()
+    _watcher.firing.add(thread)
+    try:
+        for callback in callbacks:
+            try:
+                callback(module)
+            except Exception as exc:  # never let a hook fail the target's import
+                report(name, exc)
+    finally:
+        _watcher.firing.discard(thread)
+    sweep()  # what came due meanwhile
