@@ -245,7 +245,9 @@ class _Watcher:
                 self._to_front()
         for name in dict.fromkeys(names):  # a user target may repeat a built-in module
             if name in sys.modules:
-                _load_firing().arrived(name, callback)
+                firing = _second_half(name)
+                if firing is not None:
+                    firing.arrived(name, callback)
 
     def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
         if not self.callbacks:
@@ -267,11 +269,12 @@ class _Watcher:
             spec = _bootstrap._find_spec(fullname, path, target)  # type: ignore[attr-defined]
         finally:
             self.searching.discard(key)
-        if spec is not None:
+        firing = None if spec is None else _second_half(fullname)
+        if firing is not None:
             try:
-                _load_firing().arrange(spec, fullname, watched, due)
+                firing.arrange(spec, fullname, watched, due)
             except Exception as exc:  # the module loads unwatched; status() shows why
-                _hook_errors.append(f"{fullname}: {type(exc).__name__}: {exc}")
+                _failed(fullname, exc)
         return spec
 
     def _to_front(self) -> None:
@@ -295,7 +298,9 @@ class _Watcher:
             if d is None:
                 continue
             if initializing:
-                _load_firing().tag(d.get("__spec__"))
+                firing = _second_half(name)
+                if firing is not None:
+                    firing.tag(d.get("__spec__"))
             else:
                 found.append((name, module))
         return found
@@ -328,6 +333,23 @@ def _module_state(module: object) -> "tuple[dict | None, bool]":
         return d, bool(getattr(d.get("__spec__"), "_initializing", False))
     except Exception:
         return None, False
+
+
+def _second_half(name: str) -> "Any":
+    # `_firing` for the watcher's own use, or None where it cannot load (a broken install): `name`
+    # then loads unwatched, and status() says why. Nothing raises into an import or install().
+    try:
+        return _load_firing()
+    except Exception as exc:
+        _failed(name, exc)
+        return None
+
+
+def _failed(name: str, exc: BaseException) -> None:
+    # Recorded for status() only: this can run inside find_spec, where logging may not be imported.
+    error = f"{name}: {type(exc).__name__}: {exc}"
+    if error not in _hook_errors:
+        _hook_errors.append(error)
 
 
 def _load_firing() -> "Any":

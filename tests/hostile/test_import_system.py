@@ -363,3 +363,33 @@ def test_a_watched_import_does_not_wait_for_a_thread_importing_firing(tmp_path: 
     holder.join(10)
     assert finished, "importing a watched module waited for the thread holding _firing's module lock"
     assert [m.__name__ for m in calls] == ["firing_race_target"]
+
+
+@pytest.mark.subprocess(fresh=True, env={"TE_OFFLOAD_SHIM": "0"})
+def test_a_hook_half_that_cannot_load_fails_no_import_and_no_install(tmp_path: Path) -> None:
+    """Scenario 16: a broken install, where `_firing` raises as it loads. `install()` and every
+    import still work (the targets run unpatched), and status's hook errors say why."""
+    import os
+
+    import te_offload_shim as shim
+    from te_offload_shim import _switches  # noqa: F401 - loaded before the package's path breaks
+    from te_offload_shim.integrations import targets  # noqa: F401 - the same
+
+    assert not shim.installed()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "_firing.py").write_text("raise RuntimeError('broken install')\n")
+    write_module(tmp_path, "early_target", "def offload(models):\n    return 'early'\n")
+    write_module(tmp_path, "late_target", "def offload(models):\n    return 'late'\n")
+    early = importlib.import_module("early_target")
+    os.environ.update(TE_OFFLOAD_SHIM="1", TE_OFFLOAD_SHIM_TARGETS="early_target:offload,late_target:offload")
+    path = list(shim.__path__)
+    shim.__path__[:] = [str(broken)]
+    try:
+        assert shim.install() is True, "an already imported target needs the second half: install must not raise"
+        late = importlib.import_module("late_target")  # the finder needs it too: the import must work
+    finally:
+        shim.__path__[:] = path
+    assert early.offload([]) == "early" and late.offload([]) == "late"
+    errors = [e for e in shim._hook_errors if "broken install" in e]
+    assert {e.partition(":")[0] for e in errors} == {"early_target", "late_target"}, shim._hook_errors
