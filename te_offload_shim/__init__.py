@@ -3,8 +3,8 @@ offloaded, in verl < 0.9, Megatron's own offload and the other Megatron RL frame
 
 `import te_offload_shim` installs the shim: it watches for the target modules and wraps their
 offload functions when they are imported. `TE_OFFLOAD_SHIM=0` turns the package into a no-op.
-`status`, `stats`, `scan`, `clear_fp8_workspaces`, `residue` and `ray_setup` are defined in
-`te_offload_shim.api` and exported here.
+`uninstall`, `status`, `stats`, `scan`, `clear_fp8_workspaces`, `residue` and `ray_setup` are
+defined in `te_offload_shim.api` and exported here.
 """
 
 # This module is the whole start-up path: all that `import te_offload_shim` loads, and it imports
@@ -13,11 +13,11 @@ offload functions when they are imported. `TE_OFFLOAD_SHIM=0` turns the package 
 # the shim from a .pth file. So `install()` and the post-import hook it puts on `sys.meta_path` live
 # here, and everything else is imported when a target module is, or when asked for: the API
 # (`api`), the table, the engine, TE's layouts, wrapt. `_switches` joins only when a
-# TE_OFFLOAD_SHIM* variable is set. The same budget explains three habits in this file: what
+# TE_OFFLOAD_SHIM* variable is set. The same budget explains the habits of this file: what
 # explains the code is a comment, not a docstring (docstrings are loaded at every start); names
 # that exist only for type checkers are quoted in annotations (`typing` costs milliseconds and
-# `from __future__` imports a module); and classes that most processes never need are built on
-# first use.
+# `from __future__` imports a module); and what most processes never run (chaining a loader,
+# running callbacks, uninstall, the reports) lives in modules loaded on first use.
 
 import _frozen_importlib as _bootstrap  # importlib._bootstrap, loaded in every interpreter (even under -S)
 import _frozen_importlib_external as _bootstrap_external
@@ -89,7 +89,7 @@ _RAY_MODULES = {
     "ray._private.function_manager": "on_function_manager_import",  # Ray's actor-class loaders
 }
 
-# --- install / uninstall --------------------------------------------------------------------------
+# --- install --------------------------------------------------------------------------------------
 
 _lock = _thread.RLock()  # serialises install and uninstall; replaced in a forked child (end of file)
 _installed = False
