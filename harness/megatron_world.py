@@ -34,7 +34,7 @@ def apply_cpu_quirks() -> None:
     """
     if on_gpu():
         return
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment, return-value]  # a device, not an index
     torch.Tensor.pin_memory = lambda self, *a, **k: self.clone()  # type: ignore[method-assign]
     real_empty = torch.empty
 
@@ -70,8 +70,9 @@ def init_world() -> None:
     _world_ready = True
 
 
-def build_gpt(layers: int = 2, hidden: int = 64, vocab: int = 128, **config: Any) -> torch.nn.Module:
-    """A real `GPTModel` with megatron's local layer spec (no TE needed)."""
+def build_gpt(layers: int = 2, hidden: int = 64, vocab: int = 128, **config: Any) -> Any:
+    """A real `GPTModel` with megatron's local layer spec (no TE needed). Typed `Any`: megatron-core
+    ships no type information (as an `nn.Module`, `model.decoder` would type as `Tensor | Module`)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
@@ -90,8 +91,9 @@ def build_gpt(layers: int = 2, hidden: int = 64, vocab: int = 128, **config: Any
     return model.cuda() if on_gpu() else model
 
 
-def wrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
-    """megatron DDP with the distributed optimizer layout (the default leaves `param_data` None)."""
+def wrap_ddp(model: torch.nn.Module) -> Any:
+    """megatron DDP with the distributed optimizer layout (the default leaves `param_data` None).
+    Typed `Any` (megatron ships no types): its `buffers` is a list that shadows `nn.Module.buffers`."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=True)

@@ -286,7 +286,7 @@ def cache_keys(source: str) -> list[str]:
             if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and sub.value:
                 keys.add(sub.value)
             elif isinstance(sub, ast.JoinedStr):
-                keys.add("".join(v.value if isinstance(v, ast.Constant) else "{i}" for v in sub.values))
+                keys.add("".join(str(v.value) if isinstance(v, ast.Constant) else "{i}" for v in sub.values))
                 break
             elif isinstance(sub, ast.Name) and sub.id not in seen:
                 seen.add(sub.id)

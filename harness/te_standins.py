@@ -38,11 +38,11 @@ class _Wrapper(torch.Tensor):
     """A wrapper subclass like TE's: the wrapper owns no bytes (`untyped_storage()` is empty)."""
 
     @staticmethod
-    def __new__(cls, shape: torch.Size, dtype: torch.dtype, device: torch.device | str, **_: Any) -> Any:
+    def __new__(cls, shape: torch.Size, dtype: torch.dtype, device: torch.device, **_: Any) -> Any:
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=False)
 
-    @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    @classmethod  # torch's stubs type Tensor's as a plain function; subclasses define a classmethod (torch docs)
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:  # type: ignore[override]
         raise NotImplementedError(f"stand-in {cls.__name__} implements no op ({func})")
 
 
@@ -50,6 +50,9 @@ class Float8TensorV1(_Wrapper):
     """TE 1.x `Float8Tensor` (transformer_engine/pytorch/float8_tensor.py v1.7, tensor/float8_tensor.py
     v1.13; not buildable on CPU from the real wheels): `_data` is an attribute, `_transpose` and
     `_scale_inv` are properties over the `_fp8_attrs` dict shared between tensors with the same data."""
+
+    _data: torch.Tensor
+    _fp8_attrs: dict[str, Any]
 
     def __new__(cls, weight: torch.Tensor, *, with_transpose: bool = True, fp8_attrs: dict | None = None) -> Any:
         self = super().__new__(cls, weight.shape, weight.dtype, weight.device)
@@ -94,9 +97,9 @@ class Float8BlockwiseQTensorV2(_Wrapper):
         row_data, col_data, row_scale, col_scale = FIELDS["Float8BlockwiseQTensor"]
         setattr(self, row_data, _fp8_bytes(weight))
         setattr(self, col_data, _fp8_bytes(weight.t().contiguous()))
-        u8 = {"dtype": torch.uint8, "device": weight.device}
-        setattr(self, row_scale, torch.ones(rows, max(1, cols // self.block), **u8))  # type: ignore[arg-type]
-        setattr(self, col_scale, torch.ones(cols, max(1, rows // self.block), **u8))  # type: ignore[arg-type]
+        u8: dict[str, Any] = {"dtype": torch.uint8, "device": weight.device}
+        setattr(self, row_scale, torch.ones(rows, max(1, cols // self.block), **u8))
+        setattr(self, col_scale, torch.ones(cols, max(1, rows // self.block), **u8))
         self._quantizer = None
         return self
 
