@@ -27,6 +27,7 @@ module has the attribute), so it pays least per entry, and ours pays four inner 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def build_flat(modules: int, value_class: Any = None) -> tuple[nn.Module, list[t
     return root, refills
 
 
-TREES = {"moe": build_tree, "flat": build_flat}
+TREES: dict[str, Callable[[int], tuple[nn.Module, list[tuple[dict, dict]]]]] = {"moe": build_tree, "flat": build_flat}
 
 
 def measure(modules: int, repeats: int, tree: str = "moe") -> dict[str, Any]:
