@@ -3,17 +3,26 @@ methods as Python does. Each test runs in a fresh interpreter with real user tar
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import pickletools
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hostile_util import ALL_KINDS, TARGETS, cached_layer, use_targets
 
 TARGET_ENV = {"TE_OFFLOAD_SHIM_TARGETS": ALL_KINDS}
+
+
+def _disassembly(data: bytes) -> str:
+    """The pickle's opcodes, for an assertion message (`pickletools.dis` prints them and returns None)."""
+    out = io.StringIO()
+    pickletools.dis(data, out)
+    return out.getvalue()
 
 
 def _load_in_bare_python(data: bytes, tmp_path: Path) -> str:
@@ -43,7 +52,7 @@ def test_patched_functions_and_bound_methods_pickle_by_reference(tmp_path: Path)
     for lib in (pickle, cloudpickle):
         for obj in (t.offload, engine.offload, t.Engine.offload, t.Engine.static_offload, t.Engine.class_offload):
             data = lib.dumps(obj)
-            assert b"te_offload_shim" not in data and b"wrapt" not in data, (obj, pickletools.dis(data))
+            assert b"te_offload_shim" not in data and b"wrapt" not in data, (obj, _disassembly(data))
             back = pickle.loads(data)
             assert shim_layers(back) == 1, f"{obj!r} loads as the patched attribute of this process"
     assert pickle.loads(pickle.dumps(t.offload)) is t.offload
@@ -73,7 +82,7 @@ def test_copy_and_deepcopy_return_the_function_itself() -> None:
     engine = t.Engine()
     for obj in (t.offload, engine.offload, t.Engine.static_offload):
         assert copy.copy(obj) is obj and copy.deepcopy(obj) is obj
-    holder = {"fn": t.offload, "hooks": Hooks(t.offload)}
+    holder: dict[str, Any] = {"fn": t.offload, "hooks": Hooks(t.offload)}
     deep = copy.deepcopy(holder)
     assert deep["fn"] is t.offload and deep["hooks"].offload is t.offload
     assert dataclasses.replace(Hooks(t.offload)).offload is t.offload
