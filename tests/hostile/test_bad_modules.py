@@ -24,8 +24,8 @@ def test_a_module_whose_dict_raises_costs_only_itself(caplog: pytest.LogCaptureF
 
         sealed = False
 
-        @property  # type: ignore[misc]
-        def __dict__(self) -> dict:
+        @property
+        def __dict__(self) -> dict:  # type: ignore[override]  # deliberately: a __dict__ that raises
             if Sealed.sealed:
                 raise RuntimeError("sealed module")
             return torch.nn.Module.__dict__["__dict__"].__get__(self)

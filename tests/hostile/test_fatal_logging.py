@@ -4,6 +4,7 @@ raises (a "warnings are fatal" handler) sees our lines, and the offload goes on 
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
 import pytest
 from hostile_util import ALL_KINDS, cached_layer, use_targets
@@ -35,7 +36,7 @@ def test_a_raising_log_handler_cannot_stop_the_offload() -> None:
     assert any("cleared 1 FP8 weight workspaces" in line for line in handler.seen), "the INFO line was logged"
 
     class Unreadable(dict):
-        def values(self) -> object:
+        def values(self) -> NoReturn:
             raise ValueError("this cache cannot be read")
 
     broken = cached_layer()

@@ -11,9 +11,15 @@ import importlib.util
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hostile_util import cached_layer, use_targets, write_module
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
 
 VERL_ROUTE = {"VERL_USE_EXTERNAL_MODULES": "te_offload_shim"}
 
@@ -39,7 +45,8 @@ def test_verl_external_modules_route_while_the_main_thread_imports_the_shim() ->
     thread = threading.Thread(target=worker)
     thread.start()
     name = "verl.utils.megatron_utils"
-    while name not in bootstrap._module_locks and thread.is_alive():  # B holds the target's lock
+    # B holds the target's lock (`_module_locks`: a CPython internal that typeshed does not list)
+    while name not in bootstrap._module_locks and thread.is_alive():  # type: ignore[attr-defined]
         pass
     assert "te_offload_shim" not in sys.modules, "B must still be in verl/__init__"
     import te_offload_shim
@@ -77,7 +84,9 @@ class _FrontFinder:
         self.name = name
         self.served = 0
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if fullname != self.name:
             return None
         from importlib.machinery import PathFinder
@@ -116,7 +125,7 @@ class _LegacyLoader:
     def __init__(self, source: str) -> None:
         self.source = source
 
-    def load_module(self, fullname: str) -> object:
+    def load_module(self, fullname: str) -> ModuleType:
         import types
 
         module = types.ModuleType(fullname)
@@ -129,7 +138,7 @@ class _LegacyLoader:
 class _LegacyFinder:
     """Only `find_module`, as finders written before Python 3.4 have (Python <= 3.11 uses them)."""
 
-    def find_module(self, fullname: str, path: object = None) -> object:
+    def find_module(self, fullname: str, path: object = None) -> _LegacyLoader | None:
         if fullname == "legacy_target":
             return _LegacyLoader("SOURCE = 'legacy finder'\ndef offload(models):\n    return 'legacy'\n")
         return None
@@ -142,7 +151,7 @@ def test_a_legacy_finder_still_serves_its_module_and_it_is_patched(tmp_path: Pat
     import warnings
 
     write_module(tmp_path, "legacy_target", "SOURCE = 'disk'\ndef offload(models):\n    return 'disk'\n")
-    sys.meta_path.insert(0, _LegacyFinder())
+    sys.meta_path.insert(0, _LegacyFinder())  # type: ignore[arg-type]  # find_module only, no find_spec
     te_offload_shim = importlib.import_module("te_offload_shim")
     from te_offload_shim.engine.patch import shim_layers
 
@@ -236,8 +245,8 @@ def _read_only_module_type() -> type:
     import types
 
     class ReadOnlyLoader(types.ModuleType):
-        @property
-        def __loader__(self) -> object:  # type: ignore[override]
+        @property  # type: ignore[override]  # deliberately read-only
+        def __loader__(self) -> object:
             return self.__dict__.get("_loader")
 
         @__loader__.setter
@@ -248,12 +257,15 @@ def _read_only_module_type() -> type:
 
 
 class _ReadOnlyFinder:
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if fullname != "readonly_target":
             return None
         import importlib.util
 
-        return importlib.util.spec_from_loader(fullname, _ReadOnlyModuleLoader())
+        # create_module/exec_module are all the import system uses; typeshed's LoaderProtocol wants load_module
+        return importlib.util.spec_from_loader(fullname, _ReadOnlyModuleLoader())  # type: ignore[arg-type]
 
 
 class _ReadOnlyModuleLoader:
@@ -348,7 +360,7 @@ def test_a_watched_import_does_not_wait_for_a_thread_importing_firing(tmp_path: 
     holding, release = threading.Event(), threading.Event()
 
     def hold_the_module_lock() -> None:
-        with _bootstrap._ModuleLockManager("te_offload_shim._firing"):
+        with _bootstrap._ModuleLockManager("te_offload_shim._firing"):  # type: ignore[attr-defined]  # CPython internal
             holding.set()
             release.wait(30)
 
