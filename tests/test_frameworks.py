@@ -116,7 +116,8 @@ def test_nemo_rl_0_5_ray_remote_class() -> None:
 
     assert isinstance(mpw.MegatronPolicyWorker, ray.actor.ActorClass)
     m, n = chunk()
-    mpw.MegatronPolicyWorker.__ray_metadata__.modified_class(m, {"megatron_cfg": {}}).offload_before_refit()
+    metadata = mpw.MegatronPolicyWorker.__ray_metadata__  # type: ignore[attr-defined]  # set by ray, not in its types
+    metadata.modified_class(m, {"megatron_cfg": {}}).offload_before_refit()
     assert "nemo_rl_v0_5" in mpw.__file__
     found = states()
     assert found["nemo-rl"] == "absent" and found["nemo-rl-0.5"] == "patched"
@@ -263,12 +264,13 @@ def test_ray_actor_runs_the_patched_method() -> None:
 
     # Defined here, not at module level: Ray pickles them by value, as it would a user's actor code.
     class Chunk(torch.nn.Module):  # enough of a DDP for move_model: no buffers, one cached layer
-        buffers: ClassVar[list] = []  # shadows Module.buffers(), as megatron DDP's attribute does
+        buffers: ClassVar[list] = []  # type: ignore[assignment]  # shadows Module.buffers(), as megatron DDP's does
 
         def __init__(self) -> None:
             super().__init__()
             self.lin = torch.nn.Linear(4, 4)
-            self.lin._fp8_workspaces = {"weight": te_standins.Float8TensorV2(self.lin.weight.detach())}
+            # torch types Module attributes Tensor | Module; a Module takes any
+            self.lin._fp8_workspaces = {"weight": te_standins.Float8TensorV2(self.lin.weight.detach())}  # type: ignore[assignment]
             self.expert_parallel_buffers: list = []
 
     def probe(self: Any) -> list:

@@ -9,6 +9,8 @@ at that moment. ms-swift runs for real in tests/test_ms_swift.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 
@@ -43,12 +45,12 @@ def test_skyrl_rlinf_chatlearn_relax() -> None:
         by_target = {k: [v["calls"], v["entries"]] for k, v in shim.stats()["by_target"].items()}
         return n, [list(e) for e in mirror_flush.EVENTS], by_target, w.cache_state(chunks)["entries"]
 
-    def ddp() -> object:
+    def ddp() -> Any:  # megatron's DDP and GPTModel: untyped
         model = w.wrap_ddp(w.build_gpt())
         w.attach_fp8_caches(model)
         return model
 
-    def plain() -> object:
+    def plain() -> Any:
         model = w.build_gpt()
         w.attach_fp8_caches(model)
         return model
@@ -84,10 +86,10 @@ def test_skyrl_rlinf_chatlearn_relax() -> None:
     assert (got, by_target, left) == ([["flush", n]], {}, n)
     reason = "offload_weight=False: a grads-only offload leaves the weights and their caches"
     assert shim.stats()["left_alone"] == {"rlinf": {reason: 1}}, "left alone by its skip rule, with the reason"
-    before = [w.weights(c) for c in chunks]
+    before_each = [w.weights(c) for c in chunks]
     cleared(run(chunks, lambda: manager.offload_model_weights_and_grad()), "rlinf")
     manager.onload_model_weights_and_grad()
-    assert all(w.same_weights(b, w.weights(c)) for b, c in zip(before, chunks, strict=True))
+    assert all(w.same_weights(b, w.weights(c)) for b, c in zip(before_each, chunks, strict=True))
 
     # ChatLearn: no flush inside; the caller (TorchModule.offload) flushes after it.
     chunks = [ddp()]

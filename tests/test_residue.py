@@ -8,14 +8,17 @@ Heavy imports stay inside the functions: some tests here run in a fresh interpre
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
 F32 = 4  # bytes per float32 element
 
 
-def _model() -> tuple[object, dict[str, int]]:
-    """A module tree holding known tensors in every category, and the bytes each must report."""
+def _model() -> tuple[Any, dict[str, int]]:
+    """A module tree holding known tensors in every category, and the bytes each must report.
+    The root is typed Any: it carries megatron-like attributes (a `buffers` list, plain objects)
+    that nn.Module's types (`Tensor | Module` attributes) do not describe."""
     import torch
 
     from harness import te_standins as te
@@ -29,14 +32,14 @@ def _model() -> tuple[object, dict[str, int]]:
     class Dispatcher:  # a plain object a module keeps state in (MoE token dispatchers do)
         pass
 
-    root = torch.nn.Module()
+    root: Any = torch.nn.Module()
     root.buffers = [DDPBuffer(32)]  # megatron DDP's attribute: 2 x 32 float32
     lin = root.lin = torch.nn.Linear(4, 8)  # weight 32 + bias 8 float32
     lin.weight.grad = torch.ones(8, 4)  # 32 float32
-    lin.weight.main_grad = torch.ones(8, 4, dtype=torch.float64)  # 32 float64
+    lin.weight.main_grad = torch.ones(8, 4, dtype=torch.float64)  # type: ignore[attr-defined]  # megatron's, 32 float64
     in_buffer = root.in_buffer = torch.nn.Linear(2, 4, bias=False)
     in_buffer.weight.data = root.buffers[0].param_data[:8].view(4, 2)  # a view into the DDP buffer
-    in_buffer.weight.main_grad = root.buffers[0].grad_data[:8].view(4, 2)
+    in_buffer.weight.main_grad = root.buffers[0].grad_data[:8].view(4, 2)  # type: ignore[attr-defined]
     root.register_buffer("inv_freq", torch.ones(16))  # 16 float32
     layer = root.te = te.TELinearStandIn(16, 8)  # its float32 weight: 128 elements
     te.fill_like_forward(layer)  # Float8TensorV2 of 16x8: _data 128 + _transpose 128 + _scale_inv 4 bytes
@@ -271,7 +274,7 @@ def test_real_verl_offload_residue_before_after_and_one_audit_line(
     assert [r.levelno for r in lines] == [logging.INFO, logging.DEBUG, logging.DEBUG], "one INFO line per process"
     assert "verl.utils.megatron_utils:offload_megatron_model_to_cpu" in lines[0].getMessage()
     latest = shim.stats()["audit"]
-    assert latest["audits"] == 3 and latest["device_type"] == "cpu"
+    assert latest is not None and latest["audits"] == 3 and latest["device_type"] == "cpu"
     assert latest["by_category"] == {**with_shim.by_category, "other": 256 * F32}
     assert latest["other"] == {"dispatcher_state": 256 * F32}
     assert latest["top"][0]["path"] == "chunk0.module.decoder"

@@ -74,7 +74,7 @@ def test_module_kinds_and_their_keys() -> None:
     """Linear "weight"; LayerNormMLP "fc1_weight"/"fc2_weight"; GroupedLinear "weight0".."weightN-1"."""
     linear = te.TELinearStandIn(32, 16)
     te.fill_like_forward(linear)
-    mlp = torch.nn.Module()
+    mlp: Any = torch.nn.Module()  # Any: nn.Module types `mlp._fp8_workspaces` as `Tensor | Module`
     mlp.fc1_weight = torch.nn.Parameter(weight(64, 16))
     mlp.fc2_weight = torch.nn.Parameter(weight(16, 64))
     te.attach_workspaces(
@@ -140,7 +140,9 @@ def _graph_config(**kwargs: Any) -> Any:
     return TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, use_cpu_initialization=True, **kwargs)
 
 
-def _chunk_with_cache() -> torch.nn.Module:
+def _chunk_with_cache() -> Any:
+    """Sequential(Sequential(a cached TE layer)). Typed Any: the tests index into it and hang megatron's
+    attributes on it (config, cuda_graphs), which nn.Module's types (`Tensor | Module`) do not allow."""
     layer = te.TELinearStandIn(16, 16)
     te.fill_like_forward(layer)
     return torch.nn.Sequential(torch.nn.Sequential(layer))
@@ -399,7 +401,7 @@ def test_fp8_primary_weight_transpose_dropped_only_where_te_rebuilds_it_and_neve
     transpose_bytes = weight._transpose.untyped_storage().nbytes()
     chunk = torch.nn.Sequential(layer)
     if graphs:
-        chunk[0].cuda_graphs = [object()]
+        chunk[0].cuda_graphs = [object()]  # type: ignore[assignment]  # torch types Module attributes Tensor | Module
     report = clear_fp8_workspaces(chunk, strict=True)
     assert report.primary_weight_params == 1
     assert (weight._transpose is None) is dropped and weight._data is not None
@@ -414,8 +416,9 @@ def test_storage_shared_across_counting_passes_counts_once_and_the_collector_is_
     leave it as it found it, on or off."""
     import gc
 
-    layers = torch.nn.ModuleList(te.TELinearStandIn(4, 4) for _ in range(te_bytes.STEP + 8))
-    values = [te.Float8TensorV2(layer.weight.detach()) for layer in layers]
+    standins = [te.TELinearStandIn(4, 4) for _ in range(te_bytes.STEP + 8)]
+    layers = torch.nn.ModuleList(standins)
+    values = [te.Float8TensorV2(layer.weight.detach()) for layer in standins]
     values[-1]._scale_inv = values[0]._scale_inv  # first pass and last pass share one storage
     entries = [{"weight": value} for value in values]
     expected = oracle_bytes(values)
