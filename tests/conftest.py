@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -44,8 +45,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def child_env(
-    env: dict[str, str] | None = None, verl: str | None = None, path: list[str | Path] = ()
-) -> dict[str, str]:  # type: ignore[assignment]
+    env: dict[str, str] | None = None, verl: str | None = None, path: Sequence[str | Path] = ()
+) -> dict[str, str]:
     """The environment of a fresh test interpreter: no shim switch leaks in from ours, the repository
     (and a verl release) on the path, and CI's wrapt-1.x prefix when it re-runs a suite."""
     paths = [str(p) for p in path]

@@ -278,7 +278,12 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
     record = Record("target", Actor, "sleep", Actor.sleep, target=target.name)
     handler = make_handler(target, inspect.signature(Actor.sleep), "method", record)
     actor = Actor()
-    seen = []
-    result = handler(lambda **kw: seen.append(kw) or "slept", actor, (), {"_ray_trace_ctx": {"t": 1}})
+    seen: list[dict[str, Any]] = []
+
+    def original(**kw: Any) -> str:
+        seen.append(kw)
+        return "slept"
+
+    result = handler(original, actor, (), {"_ray_trace_ctx": {"t": 1}})
     assert result == "slept" and seen == [{"_ray_trace_ctx": {"t": 1}}], "the original still gets the keyword"
     assert actor.model[0]._fp8_workspaces == {}

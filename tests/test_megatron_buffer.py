@@ -145,7 +145,7 @@ def scenario(a: Any, b: Any, release: str) -> None:
     s = shim.stats()
     assert s["calls"] == s["by_target"]["megatron-core"]["calls"] == 5
     assert s["entries"] == len(all_a) + len(all_b) + len(all_c)
-    assert sorted({r.target for r in _registry.records("target")}) == ["megatron-core"]
+    assert {r.target for r in _registry.records("target")} == {"megatron-core"}
     assert [_patch.shim_layers(DDP.__init__), _patch.shim_layers(DDP.forward)] == [0, 0], "nothing per training step"
     state = {t["name"]: t["state"] for t in shim.status()["targets"]}
     assert state["megatron-core"] == "patched"

@@ -12,6 +12,7 @@ import ast
 import logging
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from conftest import FIXED_VERL, UNFIXED_VERL, verl_path
@@ -131,7 +132,7 @@ def test_verl_fixed_in_agrees_with_the_real_release(release: str) -> None:
 
 
 def test_skip_rules_leave_alone_with_a_reason_or_clear() -> None:
-    cases = [
+    cases: list[tuple[str, dict[str, Any], str | None]] = [
         ("megatron-core", {"move_params": False}, "move_params=False"),
         ("megatron-core", {"move_params": True}, None),
         ("megatron-core", {}, None),

@@ -24,7 +24,8 @@ def build(spoil: Callable[[Any], None] | None = None) -> SimpleNamespace:
     if spoil is not None:
         spoil(model)
     world = SimpleNamespace(model=model, initial=w.cache_state([model]), before=w.weights(model), flushes=[])
-    torch.cpu.empty_cache = lambda: world.flushes.append(w.cache_state([model])["entries"])
+    # torch.cpu has no empty_cache (apply_cpu_quirks adds one): this one replaces it
+    torch.cpu.empty_cache = lambda: world.flushes.append(w.cache_state([model])["entries"])  # type: ignore[attr-defined]
     return world
 
 
