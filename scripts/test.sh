@@ -9,7 +9,7 @@ scripts/setup-env.sh
 echo "--- ruff, ruff format, mypy"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy te_offload_shim
+.venv/bin/mypy  # pyproject.toml [tool.mypy] files: the package, tests (less tests/mirrors), harness, benchmarks, demo
 echo "--- the suite (pytest -n 2)"
 # loadgroup: the tests of one xdist_group (tests/test_te_real.py, which share one probe run) on one worker
 .venv/bin/python -m pytest -n 2 --dist loadgroup -q "$@"
