@@ -45,7 +45,7 @@ def arrange(spec: "Any", name: str, watched: bool, due: bool) -> None:
     if due:
         tag(spec)
     loader = spec.loader
-    if watched and loader is not None and type(loader) not in (ChainedLoader, ChainedLegacyLoader):
+    if watched and loader is not None and not isinstance(loader, _Chained):
         if hasattr(loader, "exec_module"):
             spec.loader = ChainedLoader(loader, name)
         elif hasattr(loader, "load_module"):
@@ -87,12 +87,16 @@ class SpecWatch(_ModuleSpec):  # type: ignore[valid-type,misc]
             report(self.name, exc)
 
 
-class ChainedLoader:
-    """Runs the real loader, then the callbacks; hands the real loader back to the module."""
+class _Chained:
+    """A watched module's real loader, and the name whose callbacks run once it has executed."""
 
     def __init__(self, loader: "Any", name: str) -> None:
         self._loader = loader
         self._name = name
+
+
+class ChainedLoader(_Chained):
+    """Runs the real loader, then the callbacks; hands the real loader back to the module."""
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._loader, name)
@@ -117,13 +121,9 @@ class ChainedLoader:
         fire(self._name, module)
 
 
-class ChainedLegacyLoader:
+class ChainedLegacyLoader(_Chained):
     """The same for a loader that only has `load_module` (no `exec_module` here, on purpose: the
     import system picks the protocol by looking for it)."""
-
-    def __init__(self, loader: "Any", name: str) -> None:
-        self._loader = loader
-        self._name = name
 
     def __getattr__(self, name: str) -> object:
         if name == "exec_module":
@@ -140,13 +140,7 @@ def arrived(name: str, callback: "Callback") -> None:
     """`callback` was just added for `name`, which is in sys.modules: run it now if the module is
     loaded and finished, or when its import finishes."""
     module = sys.modules.get(name)
-    if module is None:
-        return
-    d, initializing = _module_state(module)
-    if d is None:
-        return  # lazily imported and not loaded yet: the sweep sees it once it is
-    if initializing:
-        tag(d.get("__spec__"))
+    if module is None or not _ready(module):
         return
     if _thread.get_ident() in _watcher.firing:
         return  # install() from inside a callback: the sweep after it runs this one
@@ -176,13 +170,21 @@ def finished(name: str) -> None:
     module = sys.modules.get(name)
     if module is None or _watcher.fired_for(name, module) or name not in _watcher.callbacks:
         return
+    if _ready(module):
+        fire(name, module)
+
+
+def _ready(module: object) -> bool:
+    """Whether `module` has finished loading. One still executing gets its spec tagged (it fires when
+    it finishes); a lazily imported one not loaded yet, or one we cannot read safely, waits for the
+    sweep."""
     d, initializing = _module_state(module)
     if d is None:
-        return  # not loaded yet (lazy), or not a module we can read safely
+        return False
     if initializing:
         tag(d.get("__spec__"))
-        return
-    fire(name, module)
+        return False
+    return True
 
 
 def sweep() -> None:
