@@ -14,7 +14,7 @@ What each answer is, and why:
 - the RNG: TE's `CudaRNGStatesTracker` (and Megatron's) save and restore CUDA's generator state
   around random ops; the ops run on the CPU, so CUDA's generator *is* the CPU's default generator
   (`default_generators`, `get/set_rng_state`, `manual_seed[_all]`);
-- `torch.version.cuda`: a CUDA 12.8 build (TE reads it for feature gates);
+- `torch.version.cuda`: a CUDA 12.9 build (TE gates FP8 block scaling on it);
 - `Tensor.is_cuda`: True for a CPU tensor (TE 2.9+ refuses inputs that are not on the GPU).
 """
 
@@ -25,7 +25,7 @@ import dataclasses
 from typing import Any
 
 ARCHS = {90: ("NVIDIA H100 80GB HBM3 (CPU twin)", (9, 0)), 100: ("NVIDIA B200 (CPU twin)", (10, 0))}
-CUDA_VERSION = "12.8"
+CUDA_VERSION = "12.9"  # FP8 block scaling needs CUDA 12.9 (TE 2.20 quantization.py)
 _installed: int | None = None
 
 

@@ -240,8 +240,8 @@ def build(release: tuple[int, ...], folder: Path) -> TwinExtension:
         "rmsnorm_bwd": norms.rmsnorm_bwd,
         "fused_amax_and_scale_update_after_reduction": recipe.fused_amax_and_scale_update_after_reduction,
         "get_num_cublas_streams": get_num_cublas_streams,
-        # device queries the extension answers (common/util): a CUDA 12.8 / cuBLASLt / cuDNN 9 build
-        "get_cublasLt_version": lambda: 120800,
+        # device queries the extension answers (common/util): a CUDA 12.9 / cuBLASLt / cuDNN 9 build
+        "get_cublasLt_version": lambda: 120900,
         "get_cudnn_version": lambda: 90800,
         "device_supports_multicast": lambda device_id=-1: False,
         "ubuf_built_with_mpi": lambda: False,
