@@ -83,10 +83,12 @@ def decode_fp8(data: torch.Tensor, fp8: int) -> torch.Tensor:
 
 
 def amax(x: torch.Tensor) -> torch.Tensor:
-    """max(|x|) in float32, 0 for an empty tensor (common/recipe/current_scaling.cu amax_kernel)."""
+    """max(|x|) in float32, 0 for an empty tensor, NaNs passed over as CUDA's fmaxf does
+    (common/recipe/current_scaling.cu amax_kernel; the cast kernels' amax likewise)."""
     if x.numel() == 0:
         return torch.zeros((), dtype=torch.float32)
-    return x.detach().abs().max().float()
+    a = x.detach().abs().float()
+    return torch.where(torch.isnan(a), torch.zeros((), dtype=torch.float32), a).max()
 
 
 def scale_from_amax(amax_value: float, fp8_max: float, force_pow_2: bool, epsilon: float) -> float:

@@ -104,7 +104,9 @@ def quantize(x: torch.Tensor, quantizer: Any, out: Any, noop: torch.Tensor | Non
         scale = quantizer.scale.reshape(-1)[0:1].float()
         quantizer.amax.copy_(torch.maximum(quantizer.amax, dtypes.amax(x).reshape(quantizer.amax.shape)))
     else:
-        a = dtypes.amax(x)
+        # 2.9 - 2.19 `use_existing_amax` (cast.cpp): the quantizer's amax, already computed, is used
+        existing = getattr(quantizer, "use_existing_amax", False)
+        a = quantizer.amax.reshape(-1)[0].float() if existing else dtypes.amax(x)
         value = dtypes.scale_from_amax(
             float(a), dtypes.FP8_MAX[fp8], quantizer.force_pow_2_scales, quantizer.amax_epsilon
         )

@@ -1,0 +1,50 @@
+"""FP8 primary weights (`fp8_model_init` / `quantized_model_init`): TE keeps no workspace for them,
+but the parameter carries its own column-wise copy (a Float8Tensor's `_transpose`). The shim drops
+that transpose (through TE's `update_usage`) from TE 2.4, where every module rebuilds it when it
+is next needed; these tests train a stack of two layers, so the second layer's backward runs the
+dgrad GEMM that reads the transpose (the twin's GEMM raises, as TE's does, if it is missing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from twin_cells import MODULES, RECIPES, need, release_key
+
+pytestmark = pytest.mark.twin
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("module", MODULES)
+def test_fp8_primary_weight_transpose_drop_then_a_step_is_bit_identical(release: str, module: str, recipe: str) -> None:
+    """After every optimizer step the shim clears the model: where it drops the primary weights'
+    transposes (`primary_weight_cleared`: the bytes dropped), the training that follows is
+    bit-identical to the run that kept them; where it does not (TE < 2.4, or MXFP8 / block
+    column-wise data, which is not a cache), `primary_weight_bytes` reports what stays in place."""
+    need(release, recipe, module)
+    from harness.te_twin import training
+    from te_offload_shim.te.caches import TRANSPOSE_REBUILT_FROM, clear_fp8_workspaces
+
+    reports: list[Any] = []
+    dropped: list[bool] = []
+
+    def clear(model: Any, step: int, microbatch: int) -> None:
+        report = clear_fp8_workspaces(model, strict=True)
+        reports.append(report)
+        weights = [p for p in model.parameters() if type(p).__name__.startswith("Float8Tensor")]
+        dropped.append(bool(weights) and all(getattr(p, "_transpose", None) is None for p in weights))
+
+    def build() -> Any:
+        return training.stack(module, recipe=recipe, fp8_weights=True)
+
+    keep = training.train(build(), recipe)
+    cleared = training.train(build(), recipe, after_step=clear)
+    assert cleared.same(keep)
+    assert all(r.entries == 0 and not r.errors for r in reports), [r.as_dict() for r in reports]
+    assert all(r.primary_weight_params > 0 for r in reports), [r.as_dict() for r in reports]
+    drops = recipe in ("DelayedScaling", "Float8CurrentScaling") and release_key(release) >= TRANSPOSE_REBUILT_FROM
+    if drops:
+        assert all(r.primary_weight_cleared > 0 and r.primary_weight_bytes == 0 for r in reports), reports
+        assert all(dropped), dropped
+    else:
+        assert all(r.primary_weight_cleared == 0 and r.primary_weight_bytes > 0 for r in reports), reports
