@@ -107,3 +107,18 @@ def scale_from_amax(amax_value: float, fp8_max: float, force_pow_2: bool, epsilo
         bits = scale.view(torch.int32) & torch.tensor(-8388608, dtype=torch.int32)  # 0xFF800000
         scale = bits.view(torch.float32)
     return float(scale)
+
+
+def scales_from_amax(
+    amax_values: torch.Tensor, fp8_max: float, force_pow_2: bool, epsilon: float, value_for_inf: float = FLOAT32_MAX
+) -> torch.Tensor:
+    """`scale_from_amax` elementwise over a float32 tensor of amaxes (one per block or tile); an
+    infinite scale becomes `value_for_inf` (compute_scale_from_types: the input type's largest)."""
+    a = amax_values.float()
+    a = torch.where(a < epsilon, torch.tensor(epsilon, dtype=torch.float32), a)
+    bad = torch.isinf(a) | (a == 0) | torch.isnan(a)
+    scale = torch.tensor(fp8_max, dtype=torch.float32) / torch.where(bad, torch.ones((), dtype=torch.float32), a)
+    scale = torch.where(torch.isinf(scale), torch.tensor(value_for_inf, dtype=torch.float32), scale)
+    if force_pow_2:
+        scale = (scale.view(torch.int32) & torch.tensor(-8388608, dtype=torch.int32)).view(torch.float32)
+    return torch.where(bad, torch.ones((), dtype=torch.float32), scale)

@@ -34,7 +34,7 @@ _QUANTIZERS = {
     "NVFP4Quantizer": "nvfp4",
 }
 # The keyword arguments a constructor may lack in older releases (dropped when it does).
-_OPTIONAL = ("device", "fake_dtype", "stride", "with_gemm_swizzled_scales", "requires_grad")
+_OPTIONAL = ("device", "fake_dtype", "stride", "with_gemm_swizzled_scales", "requires_grad", "data_format")
 
 
 def family(obj: Any) -> str | None:

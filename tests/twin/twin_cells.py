@@ -16,7 +16,6 @@ RECIPES = ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP
 MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear")
 # Recipes the twin's kernels do not implement yet (their cells skip, saying so).
 NOT_IMPLEMENTED: dict[str, str] = {
-    "Float8BlockScaling": "the twin has no FP8 block-scaling kernels yet",
     "MXFP8BlockScaling": "the twin has no MXFP8 kernels yet",
 }
 
