@@ -369,3 +369,135 @@ def test_a_kernel_the_twin_lacks_raises_naming_it(release: str) -> None:
         tex.fused_attn_fwd  # noqa: B018 - reading it is what raises
     assert not hasattr(tex, "fused_rope_forward")  # TE's feature probes see it as absent
     assert "fused_attn_fwd" in tex.missing
+
+
+def _block_quantizer(dim: int) -> Any:
+    import importlib
+
+    from harness.te_twin import storage
+
+    module = importlib.import_module("transformer_engine.pytorch.tensor.float8_blockwise_tensor")
+    return module.Float8BlockQuantizer(storage.python_dtype(7), rowwise=True, columnwise=True, block_scaling_dim=dim)
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_block_quantize_scales_each_block_by_its_amax(release: str, dim: int) -> None:
+    """quantize_transpose_{vector,square}_blockwise.cu: 1x128 blocks (dim 1) or 128x128 tiles
+    (dim 2), power-of-two scales (the recipe's default) from each block's amax, scale-inverses in
+    the GEMM-ready layout, the column-wise copy transposed."""
+    import torch
+
+    if release_key(release) < (2, 3):
+        pytest.skip(f"TE {release} has no FP8 block scaling")
+    x = _x(256, 384, 5)
+    x[3, 7] = 200.0  # one large value: its block gets a smaller scale than the others
+    out = _tex().quantize(x, _block_quantizer(dim))
+
+    def pow2_scale(amax: Any) -> Any:
+        scale = torch.tensor(E4M3_MAX) / amax
+        return (scale.view(torch.int32) & -8388608).view(torch.float32)
+
+    rows = 1 if dim == 1 else 128
+    expected = torch.empty_like(x)
+    for r0 in range(0, 256, rows):
+        for c0 in range(0, 384, 128):
+            block = x[r0 : r0 + rows, c0 : c0 + 128]
+            scale = pow2_scale(block.abs().max())
+            expected[r0 : r0 + rows, c0 : c0 + 128] = scale
+            inv = out._rowwise_scale_inv[r0 // 128, c0 // 128] if dim == 2 else out._rowwise_scale_inv[c0 // 128, r0]
+            assert float(inv) == float(1 / scale)
+    assert torch.equal(out._rowwise_data, _e4m3(x * expected, 1.0))
+    assert out._columnwise_data.shape == (384, 256)
+    if dim == 2:  # the same tiles, transposed
+        assert torch.equal(out._columnwise_data, out._rowwise_data.t())
+    assert torch.allclose(out.dequantize().float(), x, rtol=0.07, atol=float(x.abs().max()) / 64)
+
+
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
+def test_block_scaled_gemm_matches_the_dequantized_product(release: str, layout: str) -> None:
+    import torch
+
+    if release_key(release) < (2, 3):
+        pytest.skip(f"TE {release} has no FP8 block scaling")
+    shapes = {"TN": ((256, 128), (128, 128)), "NN": ((128, 256), (128, 128)), "NT": ((128, 256), (128, 128))}
+    (a_shape, b_shape) = shapes[layout]
+    a = _tex().quantize(_x(*a_shape, seed=1), _block_quantizer(2))
+    b = _tex().quantize(_x(*b_shape, seed=2), _block_quantizer(1))
+    d = _gemm(a, b, *_workspace_args(release), out_dtype=torch.float32, layout=layout)
+    deq_a, deq_b = a.dequantize().float(), b.dequantize().float()
+    op_a = deq_a.t() if layout[0] == "T" else deq_a
+    op_b = deq_b.t() if layout[1] == "T" else deq_b
+    assert torch.allclose(d, op_b @ op_a, rtol=0.02, atol=1.0)  # 1-D blocks read column-wise differ by rounding
+
+
+def _mxfp8_quantizer() -> Any:
+    import importlib
+
+    from harness.te_twin import storage
+
+    module = importlib.import_module("transformer_engine.pytorch.tensor.mxfp8_tensor")
+    return module.MXFP8Quantizer(storage.python_dtype(7), rowwise=True, columnwise=True)
+
+
+@pytest.mark.twin(sm=100)
+def test_mxfp8_quantize_uses_e8m0_scales_of_each_32_block(release: str) -> None:
+    """common/cast/mxfp8 + util/ptx: per 1x32 (row-wise) or 32x1 (column-wise) block, the E8M0
+    code of amax / 448 rounded up; the data is cast(x / 2^(code - 127))."""
+    import math
+
+    import torch
+
+    x = _x(64, 128, 6)
+    out = _tex().quantize(x, _mxfp8_quantizer())
+    for r in range(0, 64, 7):
+        for kb in range(4):
+            block = x[r, kb * 32 : (kb + 1) * 32]
+            code = math.ceil(math.log2(float(block.abs().max()) / E4M3_MAX)) + 127
+            assert int(out._rowwise_scale_inv[r, kb]) == code
+            expected = _e4m3(block, 2.0 ** (127 - code))
+            assert torch.equal(out._rowwise_data[r, kb * 32 : (kb + 1) * 32], expected)
+    column = x[0:32, 5]
+    code = math.ceil(math.log2(float(column.abs().max()) / E4M3_MAX)) + 127
+    assert int(out._columnwise_scale_inv[0, 5]) == code
+    assert out._columnwise_data.shape == x.shape  # MXFP8 column-wise data is not transposed
+    assert torch.allclose(out.dequantize().float(), x, rtol=0.07, atol=float(x.abs().max()) / 64)
+
+
+@pytest.mark.twin(sm=100)
+def test_mxfp8_swizzled_scales_are_a_permutation_that_round_trips(release: str) -> None:
+    import torch
+
+    from harness.te_twin import mxfp8
+
+    scales = torch.randint(0, 255, (256, 8), dtype=torch.uint8)
+    swizzled = mxfp8.swizzle(scales)
+    assert not torch.equal(swizzled, scales) and torch.equal(mxfp8.unswizzle(swizzled), scales)
+    assert sorted(swizzled.reshape(-1).tolist()) == sorted(scales.reshape(-1).tolist())
+    # cuBLAS's layout: row r, column c of a 128x4 tile at byte (r % 32) * 16 + (r // 32) * 4 + c
+    assert int(swizzled.reshape(-1)[(37 % 32) * 16 + (37 // 32) * 4 + 2]) == int(scales[37, 2])
+
+
+@pytest.mark.twin(sm=100)
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
+def test_mxfp8_gemm_reads_rowwise_or_columnwise_data_by_layout(release: str, layout: str) -> None:
+    """The MXFP8 GEMM multiplies A's row-wise data when transposed, else its column-wise data (and
+    B the other way round): overwriting the other direction changes nothing; dropping the needed
+    one raises."""
+    import torch
+
+    shapes = {"TN": ((128, 64), (32, 64)), "NN": ((64, 128), (32, 64)), "NT": ((32, 128), (32, 64))}
+    (a_shape, b_shape) = shapes[layout]
+    a = _tex().quantize(_x(*a_shape, seed=1), _mxfp8_quantizer())
+    b = _tex().quantize(_x(*b_shape, seed=2), _mxfp8_quantizer())
+    d = _gemm(a, b, *_workspace_args(release), out_dtype=torch.float32, layout=layout)
+    deq_a, deq_b = a.dequantize().float(), b.dequantize().float()
+    op_a = deq_a.t() if layout[0] == "T" else deq_a
+    op_b = deq_b.t() if layout[1] == "T" else deq_b
+    assert torch.allclose(d, op_b @ op_a, rtol=0.05, atol=1.0)
+    (a._columnwise_data if layout[0] == "T" else a._rowwise_data).fill_(0x7E)
+    (b._rowwise_data if layout[1] == "T" else b._columnwise_data).fill_(0x7E)
+    assert torch.equal(_gemm(a, b, *_workspace_args(release), out_dtype=torch.float32, layout=layout), d)
+    if layout[0] == "N":
+        a._columnwise_data = None
+        with pytest.raises(RuntimeError, match="Input A is missing column-wise usage"):
+            _gemm(a, b, *_workspace_args(release), out_dtype=torch.float32, layout=layout)
