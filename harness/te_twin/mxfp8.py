@@ -257,7 +257,7 @@ def dequantize(tensor: Any, otype: torch.dtype) -> torch.Tensor:
 @kernel("rowwise_swizzle")
 def rowwise_swizzle(input: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
     """tex.rowwise_swizzle(data, scale_inv) (2.1 - 2.3, swizzle.cpp): a swizzled copy of row-wise scales."""
-    return swizzle(scale_inv.contiguous())
+    return storage.output(swizzle(scale_inv.contiguous()))
 
 
 @kernel("columnwise_swizzle")
@@ -265,4 +265,4 @@ def columnwise_swizzle(input: torch.Tensor, scale_inv: torch.Tensor) -> torch.Te
     """tex.columnwise_swizzle(data, scale_inv) (2.1 - 2.3): a swizzled copy of column-wise scales
     (the swizzle of their transpose, in memory order)."""
     rows, cols = scale_inv.shape
-    return swizzle(scale_inv.t().contiguous()).reshape(rows, cols)
+    return storage.output(swizzle(scale_inv.t().contiguous()).reshape(rows, cols))
