@@ -7,7 +7,8 @@ import gc
 import weakref
 
 import pytest
-from twin_cells import MODULES, RECIPES, expected_keys, need
+
+from harness.te_twin.cells import MODULES, RECIPES, expected_keys, need
 
 pytestmark = pytest.mark.twin
 

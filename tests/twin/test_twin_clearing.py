@@ -7,7 +7,8 @@ seeded; `Run.same` compares losses, each step's gradients and the final weights 
 from __future__ import annotations
 
 import pytest
-from twin_cells import MODULES, RECIPES, clear_between_steps, cleared_entries, keep_run, need
+
+from harness.te_twin.cells import MODULES, RECIPES, clear_between_steps, cleared_entries, keep_run, need
 
 pytestmark = pytest.mark.twin
 

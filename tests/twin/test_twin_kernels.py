@@ -9,7 +9,8 @@ import sys
 from typing import Any
 
 import pytest
-from twin_cells import release_key
+
+from harness.te_twin.cells import release_key
 
 pytestmark = pytest.mark.twin
 

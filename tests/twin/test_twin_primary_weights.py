@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from twin_cells import MODULES, RECIPES, need, release_key
+
+from harness.te_twin.cells import MODULES, RECIPES, need, release_key
 
 pytestmark = pytest.mark.twin
 

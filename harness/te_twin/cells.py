@@ -1,7 +1,6 @@
-"""The release x recipe x module cells of the twin tests: what each cell needs, why one cannot run,
-and the training runs several tests compare (each made once per twin process).
-
-Imported by the tests in tests/twin; everything that touches TE runs only inside a twin process
+"""The release x recipe x module cells of the twin tests (tests/twin): what each cell needs, why
+one cannot run (a pytest skip with the reason), and the training runs several tests compare (each
+made once per twin process). Everything that touches TE runs only inside a twin process
 (tests/twin/conftest.py), where TE is already loaded.
 """
 
