@@ -131,7 +131,8 @@ TREES: dict[str, Callable[[int], tuple[nn.Module, list[tuple[dict, dict]]]]] = {
 def measure(modules: int, repeats: int, tree: str = "moe") -> dict[str, Any]:
     from verl.utils.megatron_utils import _clear_te_fp8_weight_workspaces as reference
 
-    from te_offload_shim.te.caches import _walk, clear_fp8_workspaces
+    from te_offload_shim.te.caches import clear_fp8_workspaces
+    from te_offload_shim.te.walk import walk as _walk
 
     root, refills = TREES[tree](modules)
     n_modules = sum(1 for _ in root.modules())

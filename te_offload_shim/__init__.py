@@ -114,7 +114,12 @@ def install() -> bool:
     with _lock:
         if _installed:
             return True
-        _user_targets = () if switches is None else switches.read_at_install(_problems)
+        if switches is not None and (
+            switches.user_targets() or switches.disabled_targets() or switches.switch_problems(())
+        ):
+            from te_offload_shim.integrations.user_targets import read_at_install
+
+            _user_targets = read_at_install(_problems)
         _installed = True  # what engine.registry.active() reads: patches may land from here on
         names = [*BUILTIN_MODULES, *_RAY_MODULES]
         for target in _user_targets:

@@ -48,7 +48,8 @@ def uninstall() -> int:
 
 def all_targets() -> tuple[Target, ...]:
     """The built-in table plus `TE_OFFLOAD_SHIM_TARGETS`, as installed (or as they would be)."""
-    from te_offload_shim.integrations.targets import BUILTIN, parse_user_targets
+    from te_offload_shim.engine.schema import parse_user_targets
+    from te_offload_shim.integrations.targets import BUILTIN
 
     if _shim._installed:
         return (*BUILTIN, *_shim._user_targets)
