@@ -125,7 +125,7 @@ def install() -> bool:
 
     Idempotent and thread-safe; never waits for another thread's import. Returns False when
     `TE_OFFLOAD_SHIM=0`."""
-    global _installed, _user_targets
+    global _installed, _user_targets, _watched
     switches: ModuleType | None = None
     if _any_switch_set():  # with none set the defaults hold, and `_switches` need not load
         from te_offload_shim import _switches
@@ -136,17 +136,18 @@ def install() -> bool:
     with _lock:
         if _installed:
             return True
+        _user_targets = ()
         # Only a switch that names targets needs the table (or a bad value, a warning): most do not.
         if switches is not None and (
             switches.user_targets() or switches.disabled_targets() or switches.switch_problems(())
         ):
             _user_targets = _resolve(_READ_SWITCHES)(_problems)
         _installed = True  # what engine.registry.active() reads: patches may land from here on
-        _watched.clear()
-        _watched.update(WATCH)
+        watched = dict(WATCH)
         for target in _user_targets:
-            _watched.setdefault(target.module, _PATCH_TARGETS)
-        _watcher.watch(_on_import, *_watched)
+            watched.setdefault(target.module, _PATCH_TARGETS)
+        _watched = watched  # replaced, never edited: a callback on another thread may be reading it
+        _watcher.watch(_on_import, *watched)
     return True
 
 

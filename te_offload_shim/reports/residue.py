@@ -334,10 +334,10 @@ class _Walk:
     def other(self, node: _Node, label: str, key: str, value: Any, depth: int) -> None:
         """Tensors a module keeps outside parameters and buffers, by attribute path (`key` leaves
         out container positions, so `other` adds them up per attribute)."""
-        kind = type(value)
-        if kind in _SCALARS:
+        cls = type(value)
+        if cls in _SCALARS:
             return
-        if kind in self.plain or isinstance(value, self.torch.Tensor):
+        if cls in self.plain or isinstance(value, self.torch.Tensor):
             self.add("other", node, label, value, key)
             return
         if isinstance(value, _OPAQUE) or isinstance(value, self.module_type):
@@ -354,7 +354,7 @@ class _Walk:
         if id(value) in self.seen_objects:
             return
         self.seen_objects.add(id(value))
-        if kind in (list, tuple):
+        if cls in (list, tuple):
             for i, item in enumerate(value[:_MAX_ITEMS]):
                 self.other(node, f"{label}[{i}]", key, item, depth + 1)
         elif isinstance(value, dict):
