@@ -39,10 +39,10 @@ if TYPE_CHECKING:
 
     Callback = Callable[[ModuleType], None]
 
-    # The functions of `api`, as type checkers see them here (`__getattr__` loads the real ones). Declared
-    # rather than imported: `api` reads this module's install state, and this module imports nothing of
-    # the package, not even for type checkers, so no import of ours runs back up into start-up.
-    # tests/test_layout.py checks that these say what api.py's own signatures say.
+    # The functions of `api`, as type checkers see them here (`__getattr__` loads the real ones).
+    # Declared rather than imported: `api` reads this module's install state, so even a type-only
+    # import of it would make a cycle; the modules above, imported for their types, never import this
+    # one. tests/test_layout.py checks that these say what api.py's own signatures say.
     def uninstall() -> int: ...
     def status() -> Status: ...
     def stats() -> Stats: ...
