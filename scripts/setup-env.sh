@@ -4,13 +4,21 @@
 # venv and wrapt 1.x in a folder of its own; then one small venv (wrapt, pytest) per other
 # supported CPython found (3.10, 3.12, 3.13), for the smoke pass of scripts/test.sh (tests/smoke).
 # Idempotent: a second run only checks the stamps. Prints each step as "setup-env: [k/n] what".
+#   scripts/setup-env.sh [--no-smoke]   --no-smoke: skip the smoke venvs (demo/run.sh needs none)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 STAMP=.venv/.te-offload-shim-env-v4
 SMOKE_MINORS=(10 12 13)
 SMOKE_STAMP=.te-offload-shim-smoke-v1  # inside each .deps/py3.X
-STEPS=12
+STEPS=13
+SMOKE=1
+for arg in "$@"; do
+  case $arg in
+    --no-smoke) SMOKE=0 ;;
+    *) echo "setup-env: unknown argument $arg (usage: scripts/setup-env.sh [--no-smoke])" >&2; exit 2 ;;
+  esac
+done
 step() { echo "setup-env: [$1/$STEPS] $2"; }
 pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
 
@@ -71,6 +79,20 @@ else
   touch "$STAMP"
 fi
 
+# Its own step, checked by its own file: an environment built before it was added gains it without
+# rebuilding the steps above.
+if [[ -x .venv/bin/lint-imports ]]; then
+  step 12 "import-linter: present"
+else
+  step 12 "import-linter (lint-imports: the layer contracts in pyproject.toml)"
+  pip import-linter==2.17
+fi
+
+if [[ $SMOKE == 0 ]]; then
+  step 13 "smoke venvs: skipped (--no-smoke)"
+  exit 0
+fi
+
 # python3.X from PATH, else the newest pyenv 3.X, if it really is 3.X
 find_python() {
   local minor=$1 exe
@@ -82,7 +104,7 @@ find_python() {
   return 0
 }
 
-step 12 "smoke venvs (wrapt 2.x, pytest) for CPython ${SMOKE_MINORS[*]/#/3.} -> .deps/py3.X"
+step 13 "smoke venvs (wrapt 2.x, pytest) for CPython ${SMOKE_MINORS[*]/#/3.} -> .deps/py3.X"
 for minor in "${SMOKE_MINORS[@]}"; do
   dir=.deps/py3.$minor
   [[ -f $dir/$SMOKE_STAMP ]] && continue

@@ -6,10 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-env.sh
-echo "--- ruff, ruff format, mypy"
+echo "--- ruff, ruff format, mypy, lint-imports"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy  # pyproject.toml [tool.mypy] files: the package, tests (less tests/mirrors), harness, benchmarks, demo
+.venv/bin/lint-imports --no-cache  # the layer contracts, pyproject.toml [tool.importlinter] (docs/architecture.md)
 echo "--- the suite (pytest -n 2)"
 # loadgroup: the tests of one xdist_group (tests/test_te_real.py, which share one probe run) on one worker
 .venv/bin/python -m pytest -n 2 --dist loadgroup -q "$@"

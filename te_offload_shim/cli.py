@@ -203,7 +203,7 @@ def _fixed(row: dict[str, Any]) -> str:
     return f"{answer} (from {row['fixed_in']})" if row["fixed_in"] and row["present"] else answer
 
 
-def _print_report(report: dict[str, Any]) -> None:
+def _print_report(report: dict[str, Any], show_all: bool = False) -> None:
     shim = report["shim"]
     print(f"te-offload-shim {shim['version']} ({shim['path']})")
     print(f"  enabled: {_yes(shim['enabled'])}   strict: {_yes(shim['strict'])}")
@@ -217,7 +217,10 @@ def _print_report(report: dict[str, Any]) -> None:
     if report["imported"]:
         header += ["state", "layers"]
     table = [header]
-    for row in report["targets"]:
+    # What is here (and what would be patched) first; the many targets of frameworks this
+    # environment does not have, one line (every row: --all, or --json).
+    shown, absent = _present_first(report["targets"], show_all)
+    for row in shown:
         cells = [row["name"], _yes(row["present"]), row["version"] or "-", _supported(row)]
         cells += [_fixed(row), _yes(row["would_be_patched"]), _yes(row["disabled"])]
         if report["imported"]:
@@ -226,6 +229,10 @@ def _print_report(report: dict[str, Any]) -> None:
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for cells in table:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    if absent:  # a row of its own, aligned with the table's first two columns
+        names = ", ".join(row["name"] for row in absent)
+        cells = ["others".ljust(widths[0]), "no".ljust(widths[1]), f"{len(absent)} targets: {names} (every row: --all)"]
+        print("  " + "  ".join(cells))
     routes = report["routes"]
     print("activation routes:")
     files = ", ".join(p["path"] + ("" if p["current"] else " (outdated)") for p in routes["pth"])
@@ -253,6 +260,15 @@ def _print_report(report: dict[str, Any]) -> None:
     print("healthy" if report["healthy"] else "UNHEALTHY: " + "; ".join(report["problems"]))
 
 
+def _present_first(rows: list[dict[str, Any]], show_all: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows of the table, rows left to one summary line): the targets present here, and those the
+    switches name (TE_OFFLOAD_SHIM_TARGETS, TE_OFFLOAD_SHIM_DISABLE), first, in the table's order;
+    the others after them with `show_all`, else in the summary."""
+    here = [r for r in rows if r["present"] or r.get("user") or r["disabled"]]
+    elsewhere = [r for r in rows if r not in here]
+    return (here + elsewhere, []) if show_all else (here, elsewhere)
+
+
 def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
     """The route that activates the shim in processes started like this one."""
     found = [
@@ -276,7 +292,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=False))
     else:
-        _print_report(report)
+        _print_report(report, show_all=args.all)
     if not report["healthy"]:
         print(f"te-offload-shim: unhealthy: {report['problems'][0]}", file=sys.stderr)
         return 1
@@ -331,7 +347,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=_run)
     p = command("status")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help="machine-readable output (every target)")
+    p.add_argument("--all", action="store_true", help="list every target, not only those present here")
     p.add_argument(
         "--import", dest="do_import", action="store_true", help="import the targets here and report what got patched"
     )

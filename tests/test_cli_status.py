@@ -119,3 +119,31 @@ def test_status_human_output() -> None:
     assert len(starts) == 1, "the table is aligned"
     assert "in force here:" in proc.stdout
     assert lines[-1] == "healthy"
+
+
+def _status_text(*flags: str) -> list[str]:
+    """The human report's target table (the lines between `targets:` and `activation routes:`), with
+    megatron-core present and no verl on the path."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON", "VERL_"))}
+    full["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([str(CLI), "status", *flags], capture_output=True, text=True, env=full, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    return lines[lines.index("targets:") + 2 : lines.index("activation routes:")]  # after the header
+
+
+def test_status_shows_present_targets_and_sums_up_the_absent_ones_in_one_line() -> None:
+    code, s, err = _status()
+    assert code == 0, err
+    present = [r["name"] for r in s["targets"] if r["present"]]
+    absent = [r["name"] for r in s["targets"] if not r["present"]]
+    assert "megatron-core" in present and "verl" in absent, "this environment: megatron-core without verl"
+    assert len(s["targets"]) == len(present) + len(absent), "--json keeps every row"
+
+    *rows, summary = _status_text()
+    assert [line.split()[0] for line in rows] == present
+    assert summary.split()[:3] == ["others", "no", str(len(absent))]
+    assert summary.endswith("(every row: --all)") and all(name in summary for name in absent)
+
+    every = _status_text("--all")
+    assert [line.split()[0] for line in every] == present + absent, "--all: present first, then the rest"

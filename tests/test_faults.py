@@ -267,6 +267,7 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
     from harness import te_standins as te
     from te_offload_shim.engine.handler import make_handler
     from te_offload_shim.engine.registry import Record
+    from te_offload_shim.integrations import ray  # noqa: F401  (declares the keyword to the engine)
     from te_offload_shim.integrations.targets import Target
 
     class Actor:

@@ -1,4 +1,4 @@
-"""The start-up path stays small, and the layout the README describes is the package's.
+"""The start-up path stays small, and the layout docs/architecture.md describes is the package's.
 
 `import te_offload_shim` may load one module of ours and nothing else (`_switches` too when a
 switch is set); the module names it watches must be the table's.
@@ -6,6 +6,7 @@ switch is set); the module names it watches must be the table's.
 
 from __future__ import annotations
 
+import ast
 import re
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "te_offload_shim"
-README = PACKAGE.parent / "README.md"
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 
 def test_the_start_up_path_watches_exactly_the_modules_of_the_table() -> None:
@@ -67,13 +68,36 @@ def test_report_types_are_exported_lazily_and_typed() -> None:
     assert set(status.Stats.__annotations__) == set(te_offload_shim.stats())
 
 
-def test_every_module_of_the_package_is_in_the_readme_layout() -> None:
-    """A newcomer finds each module in README's "Layout" section, and nothing listed there is gone."""
-    text = README.read_text()
-    section = text[text.index("## Layout") :]
+def test_every_module_of_the_package_is_in_the_architecture_page() -> None:
+    """A newcomer finds each module in docs/architecture.md's "Modules" section, and nothing listed
+    there is gone."""
+    text = ARCHITECTURE.read_text()
+    section = text[text.index("## Modules") :]
     section = section[: section.index("\n## ", 1)]
     listed = set(re.findall(r"`(te_offload_shim/[\w/]+\.py)`", section))
     present = {str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py") if p.name != "__main__.py"}
     present = {p for p in present if not p.endswith("/__init__.py") or p == "te_offload_shim/__init__.py"}
-    assert present - listed == set(), "modules missing from README's Layout section"
-    assert listed - present == set(), "README's Layout section names modules that do not exist"
+    assert present - listed == set(), "modules missing from docs/architecture.md's Modules section"
+    assert listed - present == set(), "docs/architecture.md's Modules section names modules that do not exist"
+
+
+def test_the_start_up_declares_the_signatures_of_the_api() -> None:
+    """`__init__.py` declares `api`'s functions for type checkers instead of importing `api` (which
+    reads the start-up's install state): each declaration says what api.py says."""
+
+    def functions(tree: ast.AST) -> dict[str, str]:
+        return {
+            node.name: f"({ast.unparse(node.args)}) -> {ast.unparse(node.returns) if node.returns else None}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef)
+        }
+
+    start_up = ast.parse((PACKAGE / "__init__.py").read_text())
+    (block,) = [n for n in start_up.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
+    declared = functions(ast.Module(body=block.body, type_ignores=[]))
+    api = functions(ast.parse((PACKAGE / "api.py").read_text()))
+    import te_offload_shim
+
+    exported = {name for name, module in te_offload_shim._EXPORTS.items() if module == "te_offload_shim.api"}
+    assert set(declared) == exported, "every function exported from api is declared, and nothing else"
+    assert {name: api[name] for name in declared} == declared

@@ -158,7 +158,7 @@ def test_fp8_weight_transpose_is_rebuilt_by_every_module_from_the_release_the_sh
     """The shim drops a Float8Tensor primary weight's transpose only from te_caches.TRANSPOSE_REBUILT_FROM
     (2.4): from there, each of TE's modules calls `update_usage(columnwise_usage=True)` on its FP8
     weight in backward, which recreates a missing transpose; before, none does."""
-    from te_offload_shim.te.caches import TRANSPOSE_REBUILT_FROM
+    from te_offload_shim.te.primary import TRANSPOSE_REBUILT_FROM
 
     result = _probe(release, tmp_path_factory)
     calls = result["rebuild_calls"]

@@ -74,7 +74,7 @@ def drive() -> dict[str, Any]:
 
 
 def test_parse_where_forms() -> None:
-    from te_offload_shim.integrations.targets import parse_where
+    from te_offload_shim.engine.schema import parse_where
 
     assert (parse_where("").root, parse_where("").path) == ("arg0", ())
     w = parse_where("self.model.get_models()")
@@ -86,7 +86,7 @@ def test_parse_where_forms() -> None:
 
 
 def test_parse_user_targets_keeps_the_good_and_reports_the_bad() -> None:
-    from te_offload_shim.integrations.targets import parse_user_targets
+    from te_offload_shim.engine.schema import parse_user_targets
 
     targets, problems = parse_user_targets(", ".join(GOOD[:2] + MALFORMED + GOOD[2:]) + ",,")
     assert [t.name for t in targets] == NAMES, "order kept, malformed ones dropped, empty ones ignored"

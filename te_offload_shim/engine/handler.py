@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
-from te_offload_shim.integrations.ray import TRACE_CTX_KEYWORD
+from te_offload_shim.engine import hooks
 from te_offload_shim.te import caches
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from te_offload_shim.engine.registry import Record
-    from te_offload_shim.integrations.targets import Target
+    from te_offload_shim.engine.schema import Target
 
 _lock = Lock()
 _inside = threading.local()
@@ -106,14 +106,14 @@ class Handler:
     """The wrapt wrapper function of one patched target: what it knows about the target's call
     (signature, how it binds, where the models are) is worked out once, here."""
 
-    __slots__ = ("kind", "record", "root", "signature", "takes_self", "target")
+    __slots__ = ("binding", "record", "root", "signature", "takes_self", "target")
 
-    def __init__(self, target: Target, signature: inspect.Signature, kind: str, record: Record) -> None:
+    def __init__(self, target: Target, signature: inspect.Signature, binding: str, record: Record) -> None:
         self.target = target
         self.signature = signature
-        self.kind = kind
+        self.binding = binding  # how the attribute binds: function, method, staticmethod, classmethod
         self.record = record
-        self.takes_self = kind in ("method", "classmethod")
+        self.takes_self = binding in ("method", "classmethod")
         # The patcher refuses a spec that names no parameter, so this is resolved once, here.
         self.root = target.where.parameter(list(signature.parameters), self.takes_self) or ""
 
@@ -170,8 +170,10 @@ class Handler:
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
         if self.takes_self and instance is not None:
             args = (instance, *args)
-        if TRACE_CTX_KEYWORD in kwargs and TRACE_CTX_KEYWORD not in self.signature.parameters:
-            kwargs = {k: v for k, v in kwargs.items() if k != TRACE_CTX_KEYWORD}
+        ignored = hooks.ignored_keywords()  # keywords a framework adds (Ray's tracing): no model argument
+        if ignored and not ignored.isdisjoint(kwargs):
+            own = self.signature.parameters
+            kwargs = {k: v for k, v in kwargs.items() if k not in ignored or k in own}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError:
@@ -220,6 +222,6 @@ def repr_safe(obj: object) -> str:
         return f"<{type(obj).__name__}>"
 
 
-def make_handler(target: Target, signature: inspect.Signature, kind: str, record: Record) -> Handler:
+def make_handler(target: Target, signature: inspect.Signature, binding: str, record: Record) -> Handler:
     """The wrapt wrapper function for `target`."""
-    return Handler(target, signature, kind, record)
+    return Handler(target, signature, binding, record)

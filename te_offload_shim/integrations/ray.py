@@ -14,24 +14,25 @@ real class. In the worker, Ray loads the class in `FunctionActorManager._load_ac
 class they return, wrap every copy of a method we patched: a copy is recognised by its module and
 qualified name (the `__wrapped__` chain of the tracing closure ends in the copied function).
 
-A class made with `@ray.remote` is patched through `__ray_metadata__.modified_class`
-(engine/patch.py), and Ray's `_ray_trace_ctx` keyword is not a model argument (engine/handler.py).
+What Ray does to a patched entry point, told to the engine through its hooks (engine/hooks.py) when
+this module loads (the start-up watches `ray` ahead of the table's modules, so that happens before
+any target of a module that imports Ray is patched): a class made with `@ray.remote` is patched
+through `__ray_metadata__.modified_class`, and Ray's `_ray_trace_ctx` keyword is not a model argument.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from te_offload_shim._log import warn_once
-from te_offload_shim.engine import registry
+from te_offload_shim.engine import hooks, registry
 
-# engine.wrapper (and wrapt with it) is imported inside the functions that wrap: the constants and
-# the runtime_env rules here are read by `te-offload-shim status`, and the handler (which
-# `te_offload_shim.stats()` imports) reads TRACE_CTX_KEYWORD; neither may load wrapt.
+# engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap:
+# the constants and the runtime_env rules here are read by `te-offload-shim status`
+# (activation/pth.py), which may not load wrapt.
 
 RAY_HOOK = "te_offload_shim.ray_setup"
 # With Ray tracing on, actor methods get this keyword through Ray's tracing closure: not a model argument.
@@ -43,6 +44,10 @@ def remote_user_class(obj: object) -> type | None:
     of its modified class), or None for anything else."""
     cls = getattr(getattr(obj, "__ray_metadata__", None), "modified_class", None)
     return cls if isinstance(cls, type) else None
+
+
+hooks.ignore_keyword(TRACE_CTX_KEYWORD)
+hooks.find_classes_with(remote_user_class)
 
 
 # runtime_env fields that give the workers another Python environment, where the package may be
@@ -70,13 +75,14 @@ def _origin(fn: Any) -> tuple[str | None, str | None]:
 
 def patch_copies(actor_class: Any) -> int:
     """Wrap, in `actor_class` and its bases, every copy of a method the shim has patched."""
-    from te_offload_shim.engine.handler import make_handler  # the handler imports this module
+    from te_offload_shim.engine.handler import make_handler
+    from te_offload_shim.engine.patch import PATCH_KIND
     from te_offload_shim.engine.wrapper import ShimWrapper, shim_layers
 
     if not isinstance(actor_class, type):
         return 0
     wrapped = 0
-    for patch in registry.iter_armed("target"):
+    for patch in registry.iter_armed(PATCH_KIND):
         if not isinstance(patch.owner, type):
             continue
         original = patch.replacement.__wrapped__
@@ -87,10 +93,10 @@ def patch_copies(actor_class: Any) -> int:
             copy = vars(klass).get(patch.name)
             if copy is None or shim_layers(copy) or _origin(copy) != origin:
                 continue
-            known = patch.replacement._self_wrapper  # the target's own call handling
+            known = patch.handler  # the target's own call handling
             record = registry.Record(COPY_KIND, klass, patch.name, copy, target=patch.target)
-            handler = make_handler(known.target, known.signature, known.kind, record)
-            shim = ShimWrapper(copy, handler, record, origin)
+            record.handler = make_handler(known.target, known.signature, known.binding, record)
+            shim = ShimWrapper(copy, record.handler, record, origin)
             if registry.add(record, shim, _setter(klass, patch.name, shim)):
                 wrapped += 1
     return wrapped
@@ -105,8 +111,6 @@ def _after_load(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     try:
         patch_copies(actor_class)
     except Exception as exc:  # never fail an actor's creation
-        from te_offload_shim._log import warn_once
-
         warn_once("ray-actor", "te_offload_shim: could not patch Ray actor class %r: %r", actor_class, exc)
     return actor_class
 
@@ -132,8 +136,9 @@ def on_function_manager_import(module: ModuleType) -> None:
             if current is None or is_ours(current):
                 continue
             record = registry.Record(LOADER_KIND, manager, name, current)
+            record.handler = _loader_handler(record)
             ref = (manager.__module__, f"{manager.__qualname__}.{name}")
-            wrapper = ShimWrapper(current, _loader_handler(record), record, ref)
+            wrapper = ShimWrapper(current, record.handler, record, ref)
             registry.add(record, wrapper, _setter(manager, name, wrapper))
 
 
@@ -214,8 +219,7 @@ RAY_INIT_KIND = "ray.init"
 
 def _init_handler(record: Any) -> Callable[..., Any]:
     def handler(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        shim = sys.modules.get("te_offload_shim")
-        if record.armed and shim is not None and shim.installed():
+        if record.armed and registry.active():
             try:
                 kwargs = with_setup_hook(kwargs)
             except Exception as exc:  # ray.init must go on whatever happens here
@@ -234,5 +238,6 @@ def on_ray_import(ray: ModuleType) -> None:
         if current is None or is_ours(current):
             return
         record = registry.Record(RAY_INIT_KIND, ray, "init", current)
-        wrapper = ShimWrapper(current, _init_handler(record), record, (ray.__name__, "init"))
+        record.handler = _init_handler(record)
+        wrapper = ShimWrapper(current, record.handler, record, (ray.__name__, "init"))
         registry.add(record, wrapper, lambda: setattr(ray, "init", wrapper))

@@ -4,7 +4,7 @@ driver say: the report users otherwise assemble by hand from memory snapshots af
 One walk over the model chunks reads instance dicts only (never `nn.Module.__getattr__`, never a
 property of a module), finds every tensor on the selected device, and counts each storage once.
 It moves, frees and keeps nothing: the report holds names and numbers, no tensor or module.
-Like `caches`, it never imports torch: torch comes from `sys.modules`.
+Like the clearing (te/), it never imports torch: torch comes from `sys.modules`.
 
 A storage found through several holders is counted once, for the first category in `CATEGORIES`
 order: a parameter that is a view into megatron DDP's `param_data` counts under `ddp_buffers`
@@ -22,7 +22,9 @@ from typing import Any
 
 from te_offload_shim._log import human_bytes
 from te_offload_shim.reports.process_memory import DeviceMemory, device_memory, te_global_memory
-from te_offload_shim.te import caches, sizes
+from te_offload_shim.te import sizes
+from te_offload_shim.te.chunks import as_chunks
+from te_offload_shim.te.layouts import LEGACY_ATTRS, LEGACY_MARKER, WORKSPACES
 
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
 TOP = 10
@@ -154,7 +156,7 @@ def residue(models: object, *, device_type: str | None = None, top: int = TOP) -
     if torch is None:
         return report
     try:
-        chunks, refused = caches.as_chunks(models)  # never iterates what the offload will iterate
+        chunks, refused = as_chunks(models)  # never iterates what the offload will iterate
         if refused is not None:
             report.errors.append(f"models not inspected: {refused}")
         _Walk(torch, device_type).run(chunks, report, top)
@@ -195,9 +197,9 @@ class _Walk:
         self.found: dict[str, list[tuple[_Node, Any, str, Any]]] = {c: [] for c in CATEGORIES}
         self.seen_objects: set[int] = set()
         self.internal = frozenset(torch.nn.Module().__dict__) | {
-            caches.WORKSPACES,
-            caches.LEGACY_MARKER,
-            *caches.LEGACY_ATTRS,
+            WORKSPACES,
+            LEGACY_MARKER,
+            *LEGACY_ATTRS,
         }
         if device_type is None:
             self.on_device = lambda t: not t.is_cpu
@@ -234,7 +236,7 @@ class _Walk:
         pop, push, mark = stack.pop, stack.extend, seen.add
         internal, plain, check = self.internal, self.plain, self.on_device
         params_found, buffers_found = self.found["parameters"], self.found["buffers"]
-        workspaces_key, legacy_marker = caches.WORKSPACES, caches.LEGACY_MARKER
+        workspaces_key, legacy_marker = WORKSPACES, LEGACY_MARKER
         while stack:
             module, node = pop()
             if id(module) in seen:
@@ -261,8 +263,8 @@ class _Walk:
                 workspaces = d.get(workspaces_key)
                 if workspaces:
                     self.workspaces(node, workspaces)
-                if legacy_marker in d:  # TE < 1.8: never cleared (see caches)
-                    for name in caches.LEGACY_ATTRS:
+                if legacy_marker in d:  # TE < 1.8: never cleared (see te/layouts.py)
+                    for name in LEGACY_ATTRS:
                         self.add("fp8_workspaces", node, name, d.get(name))
                 extra = d.keys() - internal
                 if extra:
@@ -277,9 +279,9 @@ class _Walk:
     def workspaces(self, node: _Node, workspaces: Any) -> None:
         if type(workspaces) is dict:
             for key, value in workspaces.items():
-                self.add("fp8_workspaces", node, (caches.WORKSPACES, key), value)
+                self.add("fp8_workspaces", node, (WORKSPACES, key), value)
         else:  # not TE's plain dict: whatever tensors it holds
-            self.add("fp8_workspaces", node, caches.WORKSPACES, workspaces)
+            self.add("fp8_workspaces", node, WORKSPACES, workspaces)
 
     def attributes(self, node: _Node, d: dict, names: set[str]) -> None:
         for name in sorted(names):
@@ -332,10 +334,10 @@ class _Walk:
     def other(self, node: _Node, label: str, key: str, value: Any, depth: int) -> None:
         """Tensors a module keeps outside parameters and buffers, by attribute path (`key` leaves
         out container positions, so `other` adds them up per attribute)."""
-        kind = type(value)
-        if kind in _SCALARS:
+        cls = type(value)
+        if cls in _SCALARS:
             return
-        if kind in self.plain or isinstance(value, self.torch.Tensor):
+        if cls in self.plain or isinstance(value, self.torch.Tensor):
             self.add("other", node, label, value, key)
             return
         if isinstance(value, _OPAQUE) or isinstance(value, self.module_type):
@@ -352,7 +354,7 @@ class _Walk:
         if id(value) in self.seen_objects:
             return
         self.seen_objects.add(id(value))
-        if kind in (list, tuple):
+        if cls in (list, tuple):
             for i, item in enumerate(value[:_MAX_ITEMS]):
                 self.other(node, f"{label}[{i}]", key, item, depth + 1)
         elif isinstance(value, dict):

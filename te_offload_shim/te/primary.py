@@ -1,0 +1,97 @@
+"""FP8 primary weights (`fp8_model_init` / megatron `fp8_param`): TE creates no workspace for them,
+but the parameter itself carries a transpose / columnwise copy outside the DDP buffer (Float8Tensor
+`_transpose`; MXFP8, blockwise, NVFP4 `_columnwise_*`), which an offload leaves on the GPU. Counted
+in the clearing's report; Float8Tensor transposes are also dropped where TE rebuilds them.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+from te_offload_shim import _switches
+from te_offload_shim._log import warn_once
+from te_offload_shim.te import sizes
+from te_offload_shim.te.graphs import cuda_graph_reason
+
+if TYPE_CHECKING:
+    from te_offload_shim.te.report import CacheReport
+
+# The fields of a quantized parameter that hold its second-direction copy, by class family
+# (transformer_engine/pytorch/tensor/...: Float8Tensor 2.x; MXFP8, Float8Blockwise, NVFP4).
+PRIMARY_WEIGHT_COPIES = ("_transpose", "_columnwise_data", "_columnwise_scale_inv", "_amax_columnwise")
+_WHERE_MAX = 16
+
+
+# TE releases whose modules rebuild a dropped Float8Tensor transpose when it is next needed: from
+# 2.4, Linear, LayerNormLinear, LayerNormMLP and GroupedLinear call
+# `weight.update_usage(columnwise_usage=True)` on an FP8 weight in backward, which recreates the
+# transpose (`_create_transpose`) when it is missing (module/*.py; checked per release by
+# tests/test_te_real.py). MXFP8 / blockwise / NVFP4 columnwise data is quantized from the
+# high-precision weight, which a primary weight no longer has: never dropped.
+TRANSPOSE_REBUILT_FROM = (2, 4)
+
+
+def _te_release() -> tuple[int, ...]:
+    te = sys.modules.get("transformer_engine")
+    try:
+        return tuple(int(p) for p in str(getattr(te, "__version__", "0")).split(".")[:2])
+    except ValueError:
+        return (0,)
+
+
+def primary_weight_copies(
+    index: int,
+    modules: list[tuple[Any, dict]],
+    torch: Any,
+    report: CacheReport,
+    clear: bool = False,
+    chunk: Any = None,
+    graph_mark: str | None = None,
+) -> None:
+    """Count the transpose / columnwise copies that FP8 primary weights of these TE layers carry;
+    when clearing, drop Float8Tensor transposes through TE's own `update_usage` where TE rebuilds
+    them (TRANSPOSE_REBUILT_FROM), never under CUDA graphs."""
+    plain = (torch.Tensor, torch.nn.Parameter)
+    usual = {torch.Tensor, torch.nn.Parameter, type(None)}
+    may_drop: bool | None = None if clear else False
+    for module, d in modules:
+        params = d.get("_parameters")
+        if not params or usual.issuperset(map(type, params.values())):  # the common case, in C
+            continue
+        for name, param in params.items():
+            if param is None or type(param) in plain:
+                continue
+            try:
+                copies = [getattr(param, f, None) for f in PRIMARY_WEIGHT_COPIES]
+                held = sizes.storages([c for c in copies if c is not None], torch)
+            except Exception:  # a parameter class we do not know: nothing to say about it
+                continue
+            if not held:
+                continue
+            report.primary_weight_params += 1
+            fields = "/".join(f for f, c in zip(PRIMARY_WEIGHT_COPIES, copies, strict=True) if c is not None)
+            if fields == "_transpose" and may_drop is None:
+                may_drop = _te_release() >= TRANSPOSE_REBUILT_FROM and (
+                    _switches.force_with_cuda_graphs() or cuda_graph_reason(chunk, graph_mark) is None
+                )
+            if fields == "_transpose" and may_drop and _drop_transpose(param, report):
+                report.primary_weight_cleared += sum(held.values())
+                continue
+            report.primary_weight_bytes += sum(held.values())
+            if len(report.primary_weight_where) < _WHERE_MAX:
+                report.primary_weight_where.append(
+                    f"chunk{index}:{type(module).__name__}.{name} ({type(param).__name__}.{fields})"
+                )
+
+
+def _drop_transpose(param: Any, report: CacheReport) -> bool:
+    try:
+        param.update_usage(columnwise_usage=False)  # TE's own API: drops `_transpose`, marks it invalid
+        return getattr(param, "_transpose", None) is None
+    except Exception as exc:
+        text = repr(exc)
+        del exc
+        report.errors.append(f"dropping a Float8Tensor transpose: {text}")
+        warn_once(f"transpose:{text[:40]}", "te_offload_shim: cannot drop an FP8 weight's transpose: %s", text)
+        return False
