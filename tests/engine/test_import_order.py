@@ -334,7 +334,7 @@ def test_builtin_entries_in_both_orders() -> None:
 
 @pytest.mark.subprocess(timeout=240)
 def test_builtin_entries_apart_in_both_orders() -> None:
-    """nemo-rl 0.5's mirror, and the real ms-swift 4.6.0 set up as in tests/test_ms_swift.py."""
+    """nemo-rl 0.5's mirror, and the real ms-swift 4.6.0 set up as in tests/integrations/test_ms_swift.py."""
     swift = DEPS / "ms-swift-4.6.0"
     if not (swift / "swift").is_dir():
         pytest.skip(f"ms-swift 4.6.0 not installed in {swift} (run scripts/setup-env.sh)")

@@ -4,7 +4,7 @@ interpreter.
 None of them imports on this CPU-only Python 3.11 set-up (each mirror's docstring says why and cites
 the upstream file and commit). The models are real megatron-core DDP chunks (and plain chunks where
 the framework offloads those) with TE-layout caches; the mirrors' flushes record what is still cached
-at that moment. ms-swift runs for real in tests/test_ms_swift.py.
+at that moment. ms-swift runs for real in tests/integrations/test_ms_swift.py.
 """
 
 from __future__ import annotations

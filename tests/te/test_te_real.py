@@ -22,7 +22,7 @@ import pytest
 
 from harness import te_releases
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Every test here waits for the one probe run: under `pytest -n 2 --dist loadgroup` (scripts/test.sh)
 # they all go to one worker, so the other keeps running other tests instead of waiting on the lock.
 pytestmark = pytest.mark.xdist_group("te-probe")
