@@ -127,7 +127,7 @@ def cached(release: str) -> tuple[str, ...]:
 
 
 def markdown() -> str:
-    """The README's table of TE releases (README.md embeds it verbatim; a test compares)."""
+    """The table of TE releases in docs/te-releases.md (embedded there verbatim; a test compares)."""
     rows = [
         "| TE release (wheel tested) | cache filled by | value classes cached (tensor / base or storage) "
         "| cache keys | `make_graphed_callables` marks on the module |",
