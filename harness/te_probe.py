@@ -13,7 +13,7 @@ Imports the release's real code (harness/te_import.py), then:
   source, `make_graphed_callables` marks (made by the real imported graph module);
 - FP8 primary weights: a real `Float8Tensor` parameter with a transpose, reported and cleared or not.
 
-tests/test_te_real.py runs this once per release and asserts on the record.
+tests/te/test_te_real.py runs this once per release and asserts on the record.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 ROWS, COLS = 64, 128  # distinct dims, so a transposed or misplaced tensor would show
 
 # Where each value class may live, by release era: (module under transformer_engine, class name).
-# A release has the classes whose module and name exist in it; tests/test_te_real.py checks that
+# A release has the classes whose module and name exist in it; tests/te/test_te_real.py checks that
 # against te_releases.BOUNDARIES.
 VALUE_CLASSES = {
     "Float8Tensor": ("pytorch.float8_tensor", "pytorch.tensor.float8_tensor"),

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     # The functions of `api`, as type checkers see them here (`__getattr__` loads the real ones).
     # Declared rather than imported: `api` reads this module's install state, so even a type-only
     # import of it would make a cycle; the modules above, imported for their types, never import this
-    # one. tests/test_layout.py checks that these say what api.py's own signatures say.
+    # one. tests/startup/test_layout.py checks that these say what api.py's own signatures say.
     def uninstall() -> int: ...
     def status() -> Status: ...
     def stats() -> Stats: ...
@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 # The modules the entries of the built-in table (integrations/targets.py) live in. Written out so
-# that start-up does not load the table; tests/test_layout.py fails when the two disagree.
+# that start-up does not load the table; tests/startup/test_layout.py fails when the two disagree.
 BUILTIN_MODULES = (
     "verl.utils.megatron_utils",
     "megatron.core.distributed.param_and_grad_buffer",

@@ -18,13 +18,13 @@ Releases, declared once per entry and read by `te-offload-shim status` (integrat
 - `fixed_in`: the first release that clears the caches itself; from it on the entry is left alone.
   `fixed_marker` is the module attribute that fix added: at run time its presence, not the version
   number, decides (a back-port or a git checkout carries the fix under any number), and a test checks
-  that the two agree on the real releases (tests/test_target_table.py, tests/test_verl.py).
+  that the two agree on the real releases (tests/integrations/test_target_table.py, tests/integrations/test_verl.py).
 - `note`: only what the specifier cannot say.
 
 `skip`: a rule (integrations/rules.py) that says why a call is left alone, or None to clear.
 
 Not read at start-up: `import te_offload_shim` watches the module names written out in
-`__init__.BUILTIN_MODULES` (tests/test_layout.py keeps the two in step), and the table is imported
+`__init__.BUILTIN_MODULES` (tests/startup/test_layout.py keeps the two in step), and the table is imported
 when one of them is. The specifiers are strings here, parsed only by `status` and the tests.
 """
 

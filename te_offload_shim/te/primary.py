@@ -27,7 +27,7 @@ _WHERE_MAX = 16
 # 2.4, Linear, LayerNormLinear, LayerNormMLP and GroupedLinear call
 # `weight.update_usage(columnwise_usage=True)` on an FP8 weight in backward, which recreates the
 # transpose (`_create_transpose`) when it is missing (module/*.py; checked per release by
-# tests/test_te_real.py). MXFP8 / blockwise / NVFP4 columnwise data is quantized from the
+# tests/te/test_te_real.py). MXFP8 / blockwise / NVFP4 columnwise data is quantized from the
 # high-precision weight, which a primary weight no longer has: never dropped.
 TRANSPOSE_REBUILT_FROM = (2, 4)
 

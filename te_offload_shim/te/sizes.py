@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 # Where the bytes of a cached value live, by TE release (transformer_engine/pytorch/...). Checked
-# against each release's real classes by tests/test_te_real.py (built on CPU from tensors of known size).
+# against each release's real classes by tests/te/test_te_real.py (built on CPU from tensors of known size).
 INNER_ATTRS = (
     # 1.x Float8Tensor (float8_tensor.py; `_transpose`, `_scale_inv` are properties over `_fp8_attrs`),
     # 2.0 - 2.8 Float8TensorBase (tensor/_internal), 2.9+ Float8TensorStorage (tensor/storage)

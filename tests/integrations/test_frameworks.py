@@ -1,10 +1,13 @@
-"""The other frameworks' offload entry points, through mirrors of their modules (tests/mirrors/).
+"""Every entry of the target table, the way its framework calls it (one contract, one case per entry in
+tests/support/entries.py), then what differs from entry to entry.
 
-NeMo-RL, ROLL and slime/miles are not on PyPI, and AReaL's modules do not import on a CPU-only
-machine (README, "Left out, and why"): each mirror reproduces the real module path, class, signature and the
-lines that matter, citing the upstream file and commit. The models are real megatron DDP chunks with
-TE-layout caches; the mirrors' flushes record what is still cached at that moment. Each test runs in
-a fresh interpreter; this module imports nothing heavy at its top.
+NeMo-RL, ROLL, slime/miles, SkyRL, RLinf, ChatLearn and Relax are not on PyPI or do not import on this
+CPU-only set-up, and AReaL's modules do not import on a CPU-only machine (docs/frameworks.md, "Left out,
+and why"): each mirror (tests/mirrors/) reproduces the real module path, class, signature and the lines
+that matter, citing the upstream file and commit. verl, megatron-core and ms-swift are the real
+packages. The models are real megatron-core DDP chunks (and plain chunks where the framework offloads
+those) with TE-layout caches; the mirrors' flushes record what is still cached at that moment. Each
+test runs in a fresh interpreter; this module imports nothing heavy at its top.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pytest
-from conftest import mirror_env, use_mirrors
+from conftest import DEPS, mirror_env, use_mirrors
+from support.entries import CASES
 
 
 def chunk() -> tuple[Any, int]:
@@ -124,115 +128,137 @@ def test_nemo_rl_0_5_ray_remote_class() -> None:
     assert events() == [["flush", 0]] and by_target() == {"nemo-rl-0.5": [1, n]}
 
 
-CLEARED_BEFORE_FLUSH = [["flush", 0]]
+def flush_events() -> list:
+    """The mirrors' flushes since the last call; none where no mirror is loaded (the real packages)."""
+    import sys
+
+    recorder = sys.modules.get("mirror_flush")
+    if recorder is None:
+        return []
+    got = [list(e) for e in recorder.EVENTS]
+    recorder.EVENTS.clear()
+    return got
 
 
-@pytest.mark.subprocess(timeout=240)
-def test_roll_areal_slime_miles() -> None:
-    from enum import Enum
-    from types import SimpleNamespace
+def chunks_of(kinds: tuple[str, ...]) -> list:
+    """Chunks with TE-layout caches: "ddp" a GPTModel in megatron DDP, "plain" the GPTModel alone."""
+    from harness import megatron_world as w
 
+    built = []
+    for kind in kinds:
+        model = w.build_gpt()
+        built.append(w.wrap_ddp(model) if kind == "ddp" else model)
+        w.attach_fp8_caches(built[-1])
+    return built
+
+
+def _contract_params() -> list:
+    params = []
+    for name, case in CASES.items():
+        marks = [pytest.mark.subprocess(**case.subprocess)]
+        if case.needs is not None and not (DEPS / case.needs).is_dir():
+            marks.append(pytest.mark.skip(reason=f"{case.needs} not installed in {DEPS} (run scripts/setup-env.sh)"))
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+@pytest.mark.parametrize("name", _contract_params())
+def test_contract(name: str) -> None:
+    """The shim first, as a user imports it, then the entry's module: patched. Each call that moves the
+    weights clears every cache of its chunks before the framework's own flushes, and counts one call
+    for this entry only (an offload that calls another patched offload, such as megatron-core's buffer
+    offload, counts for the outer one); a reload brings the weights back bit-identical. Each call that
+    the entry's skip rule matches is left alone, and counted with its reason."""
+    import importlib
+
+    import te_offload_shim  # noqa: F401  (installs, before the target module is imported)
+    from harness import megatron_world as w
+    from te_offload_shim.integrations.targets import BUILTIN
+
+    case = CASES[name]
+    (target,) = [t for t in BUILTIN if t.name == name]
+    case.prepare()
+    module = importlib.import_module(target.module)
+    assert states()[name] == "patched"
+    if case.check is not None:
+        case.check(module)
+
+    for call in (case.call, *case.variants):
+        chunks = chunks_of(case.chunks)
+        n = w.cache_state(chunks)["entries"]
+        before = [w.weights(c) for c in chunks]
+        reset_stats()
+        flush_events()
+        made = call(module, chunks)
+        assert n > 0 and w.cache_state(chunks)["entries"] == 0, "every cache of the chunks cleared"
+        assert flush_events() == [[kind, 0] for kind in case.flushes], "cleared before the framework's own flushes"
+        assert by_target() == {name: [1, n]}, "one call, every entry, by this entry only"
+        assert shim_stats()["left_alone"] == {}
+        if case.reload is not None:
+            back = case.reload(module, made, chunks)
+            assert back and all(w.same_weights(before[chunks.index(c)], w.weights(c)) for c in back)
+
+    for skipped in case.left_alone:
+        chunks = chunks_of(case.chunks)
+        n = w.cache_state(chunks)["entries"]
+        reset_stats()
+        flush_events()
+        skipped.call(module, chunks)
+        left = 0 if skipped.clears_itself else n
+        assert n > 0 and w.cache_state(chunks)["entries"] == left
+        assert flush_events() == [[kind, left] for kind in case.flushes]
+        assert by_target() == {}, "left alone: no call counted"
+        assert shim_stats()["left_alone"] == {name: {skipped.reason: 1}}, "left alone by its skip rule, with the reason"
+
+
+@pytest.mark.subprocess()
+def test_areal_offload_through_awex_clears_once_for_the_outer_target() -> None:
+    """AReaL's engine offload with an awex adapter calls the adapter's release_memory (itself a target):
+    the engine flushes, then the adapter flushes again; both see the caches gone, one call counts."""
     import te_offload_shim  # noqa: F401  (installs, before the mirrors are imported)
 
     use_mirrors()
     from areal.engine.awex.colocate_writer import AwexMegatronAdapter
     from areal.engine.megatron_engine import MegatronEngine
-    from areal.experimental.weight_update.awex.megatron_adapter import AwexMegatronAdapter as Awex104
-    from miles.backends.megatron_utils.actor import MegatronTrainRayActor as Miles
-    from roll.distributed.strategy.megatron_strategy import MegatronInferStrategy, MegatronTrainStrategy
-    from roll.utils.offload_states import OffloadStateType as T
-    from slime.backends.megatron_utils.actor import MegatronTrainRayActor as Slime
 
     from harness import megatron_world as w
 
-    assert issubclass(T, str) and issubclass(T, Enum)
-    r: dict[str, list] = {}
-    left_alone: dict[str, dict] = {}
-
-    def case(name: str, make: Any, call: Any) -> tuple[list, list]:
-        models = [chunk()[0] for _ in range(2)]  # two virtual-pipeline chunks
-        n = sum(w.cache_state([m])["entries"] for m in models)
-        before = [w.weights(m) for m in models]
-        reset_stats()
-        call(make(models))
-        r[name] = [n, events(), by_target(), w.cache_state(models)["entries"]]
-        left_alone[name] = shim_stats()["left_alone"]
-        return models, before
-
-    def cleared(name: str, target: str, flushes: list | None = None) -> None:
-        n, got, targets, left = r[name]
-        assert left == 0 and got == (flushes or CLEARED_BEFORE_FLUSH), name
-        assert targets == {target: [1, n]}, f"{name}: one call, every entry, by the outer target only"
-        assert left_alone[name] == {}, name
-
-    def untouched(name: str, target: str, reason: str) -> None:
-        n, got, targets, left = r[name]
-        assert left == n and got == [["flush", n]] and targets == {}, name
-        assert left_alone[name] == {target: {reason: 1}}, f"{name}: left alone by its skip rule, with the reason"
-
-    roll_cases = [
-        ("roll_none", None),
-        ("roll_list", [T.model_params]),
-        ("roll_set", {T.model_params, T.optimizer_states}),
-        ("roll_one", T.model_params),
-        ("roll_opt", [T.optimizer_states, T.other_params]),
-    ]
-    for label, include in roll_cases:
-        case(label, MegatronTrainStrategy, lambda s, include=include: s.offload_states(include=include))
-        case(label + "_infer", MegatronInferStrategy, lambda s, include=include: s.offload_states(include))
-
-    awex_cases = [("awex_none", None), ("awex_empty", []), ("awex_weights", ["weights"]), ("awex_opt", ["optimizer"])]
-    for label, tags in awex_cases:
-        case(
-            label, lambda ms: AwexMegatronAdapter(SimpleNamespace(model=ms)), lambda a, t=tags: a.release_memory(tags=t)
-        )
-        case(label + "_104", lambda ms: Awex104(SimpleNamespace(model=ms)), lambda a, t=tags: a.release_memory(t))
-
-    def engine_with_awex(ms: list) -> Any:
-        e = MegatronEngine(ms)
-        e._awex_adapter = AwexMegatronAdapter(e)
-        return e
-
-    models, before = case("areal_awex_nested", engine_with_awex, lambda e: e.offload())
+    models = chunks_of(("ddp", "ddp"))  # two virtual-pipeline chunks
+    n = w.cache_state(models)["entries"]
+    before = [w.weights(m) for m in models]
+    engine = MegatronEngine(models)
+    engine._awex_adapter = AwexMegatronAdapter(engine)
+    reset_stats()
+    engine.offload()
+    assert n > 0 and w.cache_state(models)["entries"] == 0
+    assert flush_events() == [["flush", 0], ["flush", 0]]
+    assert by_target() == {"areal": [1, n]}, "one call, every entry, by the outer target only"
+    assert shim_stats()["left_alone"] == {}
     for m in models:
         for b in m.buffers + m.expert_parallel_buffers:
             b.reload_from_cpu()
-    areal_awex_same = all(w.same_weights(b, w.weights(m)) for b, m in zip(before, models, strict=True))
-    case("areal_tms", lambda ms: MegatronEngine(ms, disable_grad_buffers_cpu_backup=True), lambda e: e.offload())
+    assert all(w.same_weights(b, w.weights(m)) for b, m in zip(before, models, strict=True))
 
-    args = dict(offload_train=True, transformer_impl="transformer_engine", cuda_graph_impl="none")
-    case("slime", lambda ms: Slime(SimpleNamespace(**args), ms), lambda a: a.sleep())
-    flag = "clear_quantized_weight_workspaces_on_offload"
-    case("miles_flag_on", lambda ms: Miles(SimpleNamespace(**{flag: True}, **args), ms), lambda a: a.sleep())
-    case("miles_flag_off", lambda ms: Miles(SimpleNamespace(**{flag: False}, **args), ms), lambda a: a.sleep())
-    case("miles_before_pr", lambda ms: Miles(SimpleNamespace(**args), ms), lambda a: a.sleep())
-    found = states()
 
-    for label in ("roll_none", "roll_list", "roll_set", "roll_one"):
-        cleared(label, "roll-train")
-        cleared(label + "_infer", "roll")
-    no_params = "include names no model_params: the weights stay on the device"
-    untouched("roll_opt", "roll-train", no_params)
-    untouched("roll_opt_infer", "roll", no_params)
-    for label in ("awex_none", "awex_empty", "awex_weights"):
-        cleared(label, "areal-awex")
-        cleared(label + "_104", "areal-awex-1.0")
-    no_weights = "tags name no weights: the weights stay on the device"
-    untouched("awex_opt", "areal-awex", no_weights)
-    untouched("awex_opt_104", "areal-awex-1.0", no_weights)
-    # engine.offload flushes, then the adapter flushes again: both must see the caches gone
-    cleared("areal_awex_nested", "areal", [["flush", 0], ["flush", 0]])
-    assert areal_awex_same
-    cleared("areal_tms", "areal", [["flush", 0], ["pause", 0]])
-    cleared("slime", "slime", [["flush", 0], ["pause", 0]])
-    _, got, targets, left = r["miles_flag_on"]
-    assert left == 0 and got == [["flush", 0], ["pause", 0]] and targets == {}, "miles clears itself: left alone"
-    reason = "miles --clear-quantized-weight-workspaces-on-offload is on: it clears the caches itself"
-    assert left_alone["miles_flag_on"] == {"miles": {reason: 1}}
-    cleared("miles_flag_off", "miles", [["flush", 0], ["pause", 0]])
-    cleared("miles_before_pr", "miles", [["flush", 0], ["pause", 0]])
-    for name in ("roll", "roll-train", "areal-awex", "areal-awex-1.0", "areal", "slime", "miles"):
-        assert found[name] == "patched", name
+@pytest.mark.subprocess()
+def test_skyrl_reference_model_needs_its_own_row() -> None:
+    """Without the `skyrl` row (its original, unwrapped), megatron-core's buffer offload
+    (move_params=True) clears SkyRL's DDP chunk but leaves the reference model's caches: the reference
+    model is built with `wrap_with_ddp=False`, and LoRA's frozen base weights are plain too."""
+    import te_offload_shim  # noqa: F401  (installs, before the mirrors are imported)
+
+    use_mirrors()
+    from skyrl.backends.skyrl_train.distributed.megatron import megatron_utils as skyrl
+
+    from harness import megatron_world as w
+
+    chunks = chunks_of(("ddp", "plain"))
+    in_plain = w.cache_state(chunks[1:])["entries"]
+    reset_stats()
+    skyrl.offload_megatron_model_to_cpu.__wrapped__(chunks)
+    left = w.cache_state(chunks)["entries"]
+    assert in_plain > 0
+    assert (flush_events(), list(by_target()), left) == ([["flush", in_plain]], ["megatron-core"], in_plain)
 
 
 @pytest.mark.subprocess(env=mirror_env(), timeout=240)

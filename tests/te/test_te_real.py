@@ -22,7 +22,7 @@ import pytest
 
 from harness import te_releases
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Every test here waits for the one probe run: under `pytest -n 2 --dist loadgroup` (scripts/test.sh)
 # they all go to one worker, so the other keeps running other tests instead of waiting on the lock.
 pytestmark = pytest.mark.xdist_group("te-probe")
@@ -75,7 +75,7 @@ def _module_cases() -> list[Any]:
 
 @pytest.mark.parametrize("release", te_releases.RELEASES)
 def test_release_matches_its_recorded_boundaries(release: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """te_releases.BOUNDARIES (which the README's TE table is generated from) says what the real
+    """te_releases.BOUNDARIES (which docs/te-releases.md's table is generated from) says what the real
     release has: value classes, the method that fills the cache, the keys each module caches under."""
     result = _probe(release, tmp_path_factory)
     data = te_releases.BOUNDARIES[release]
@@ -186,9 +186,9 @@ def test_graph_marks_of_the_real_graph_module_stop_clearing(
             assert graph[case]["cleared"] == 1
 
 
-def test_readme_table_of_te_releases_is_the_generated_one() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert te_releases.markdown() in readme, "regenerate it: .venv/bin/python -m harness.te_releases"
+def test_docs_table_of_te_releases_is_the_generated_one() -> None:
+    page = (REPO / "docs" / "te-releases.md").read_text()
+    assert te_releases.markdown() in page, "regenerate it: .venv/bin/python -m harness.te_releases"
 
 
 def test_setup_script_fetches_every_release_the_tests_name() -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ast
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import FIXED_VERL, UNFIXED_VERL, verl_path
+from conftest import FIXED_VERL, MIRRORS, REPO, UNFIXED_VERL, verl_path
 
 from te_offload_shim.integrations import versions
 from te_offload_shim.integrations.specifiers import SpecifierSet, parse_version
@@ -195,3 +196,57 @@ def test_a_call_left_alone_is_counted_and_logged_with_its_reason(caplog: pytest.
     assert stats["calls"] == 1 and stats["by_target"]["skipper"]["calls"] == 1
     left = [r.getMessage() for r in caplog.records if "left alone" in r.getMessage()]
     assert left == [f"te_offload_shim: {__name__}:offload: left alone: weights=False"] * 2
+
+
+def _frameworks_table() -> list[list[str]]:
+    lines = (REPO / "docs" / "frameworks.md").read_text().splitlines()
+    header = lines.index(
+        "| name | releases: `distribution` `supported` | entry point | models | left alone when | tested |"
+    )
+    rows = []
+    for line in lines[header + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split(" | ")])
+    return rows
+
+
+def _spans(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+def test_docs_frameworks_table_is_the_table() -> None:
+    """docs/frameworks.md has one row per entry of `BUILTIN`, in its order, and each row says what the
+    entry declares: its name, distribution, supported releases and fix, entry point, `where`, whether a
+    skip rule or a fix marker leaves calls alone, and what it is tested against (a mirror's cited
+    commits are in that mirror's file; a real package's row names its test file)."""
+    rows = _frameworks_table()
+    assert [row[0] for row in rows] == [f"`{t.name}`" for t in BUILTIN], "one row per entry, in the table's order"
+    for (_, releases, entry, models, left_alone, tested), t in zip(rows, BUILTIN, strict=True):
+        assert releases.startswith(f"`{t.distribution}`"), t.name
+        if t.supported is None:
+            assert "no release declared" in releases, t.name
+        else:
+            assert f"`{t.supported}`" in releases, t.name
+        assert (f"fixed in {t.fixed_in}" in releases) if t.fixed_in else ("fixed in" not in releases), t.name
+        shown = re.sub(r"\(.*\)$", "", _spans(entry)[0])  # `module:func(models)`: the call's arguments
+        assert shown == t.path or (shown.startswith("...") and t.path.endswith(shown[3:])), (t.name, shown)
+        assert _spans(models)[0] == t.where.text, t.name
+        if t.resolve is not None:
+            assert models != f"`{t.where.text}`", f"{t.name}: say what the resolver finds from its `where`"
+        if t.fixed_marker is not None:
+            assert f"`{t.fixed_marker}`" in left_alone and "not patched" in left_alone, t.name
+        assert (left_alone == "never") is (t.skip is None and t.fixed_marker is None), t.name
+        module_path = t.module.replace(".", "/") + ".py"
+        mirrors = list(MIRRORS.glob(module_path)) + list(MIRRORS.glob(f"*/{module_path}"))  # a root per release
+        if tested.startswith("mirror of"):
+            assert mirrors, f"{t.name}: no mirror of {t.module} in tests/mirrors/"
+            cited = re.findall(r"\b[0-9a-f]{8}\b", tested) or re.findall(r"\b\d+\.\d+\.\d+\b", tested)
+            assert cited, t.name
+            texts = [p.read_text() for p in mirrors]
+            assert [c for c in cited if not any(c in text for text in texts)] == [], (
+                f"{t.name}: not cited by its mirror"
+            )
+        else:
+            assert tested.startswith("real ") and not mirrors, f"{t.name}: {tested}"
+            assert any(s.startswith("tests/") and s.endswith(".py") for s in _spans(tested)), t.name

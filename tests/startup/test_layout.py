@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "te_offload_shim"
+PACKAGE = Path(__file__).resolve().parents[2] / "te_offload_shim"
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 

@@ -1,5 +1,5 @@
 """A real verl offload on a real megatron DDP chunk, for tests running in a fresh interpreter
-(tests/test_verl.py, tests/test_faults.py). Imports nothing heavy at its top."""
+(tests/integrations/test_verl.py, tests/engine/test_faults.py). Imports nothing heavy at its top."""
 
 from __future__ import annotations
 

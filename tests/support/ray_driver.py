@@ -1,4 +1,4 @@
-"""A Ray job's driver for tests/test_ray.py, run by path as a fresh process (a real job is one).
+"""A Ray job's driver for tests/integrations/test_ray.py, run by path as a fresh process (a real job is one).
 
 `python ray_driver.py '{"shim": bool, "caller": str, "address": str, "runtime_env": {...}}'`: imports
 the shim first when `shim`, starts one actor that imports `caller` and reports whether its alias is

@@ -1,4 +1,4 @@
-"""A Ray head node for tests/test_ray.py: `ray.init()` on loopback, prints the GCS address and keeps
+"""A Ray head node for tests/integrations/test_ray.py: `ray.init()` on loopback, prints the GCS address and keeps
 the cluster up until its stdin closes. Run by path, in a process whose environment is scrubbed."""
 
 from __future__ import annotations

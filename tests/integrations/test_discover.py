@@ -57,7 +57,7 @@ def test_discover_finds_verl_and_ms_swift_and_imports_nothing(capsys: pytest.Cap
     swift = row(SWIFT, "swift.megatron.trainers.utils")
     assert (swift["file"], swift["line"]) == (str(swift_file), _def_line(swift_file, OFFLOAD))
     assert swift["covered"] is True and swift["covered_by"] == "ms-swift" and swift["where"] == "models"
-    # The measured precision over these three folders (README): nothing else is reported.
+    # The measured precision over these three folders (docs/frameworks.md): nothing else is reported.
     assert [r["target"] for r in rows if not r["covered"]] == []
 
 

@@ -2,7 +2,7 @@
 
 Byte counts are checked against an oracle that lists each stand-in's tensors
 (`te_standins.inner_tensors`), not against the code under test. TE's own classes, release by release,
-are in tests/test_te_real.py.
+are in tests/te/test_te_real.py.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def weight(rows: int = 64, cols: int = 32) -> torch.Tensor:
     return torch.randn(rows, cols)
 
 
-# TE's real classes of every release are checked in tests/test_te_real.py; these are the stand-ins
+# TE's real classes of every release are checked in tests/te/test_te_real.py; these are the stand-ins
 # other tests use (harness/te_standins.py says why they remain).
 VALUE_FACTORIES = {
     "1.x Float8Tensor": lambda w: te.Float8TensorV1(w),
@@ -361,7 +361,7 @@ def test_logged_accounting_failure_keeps_no_popped_value_alive() -> None:
 
 def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
     """The surviving transpose / columnwise bytes of FP8 primary weights (counted on TE's real
-    classes in tests/test_te_real.py) are in every report and in `stats()` (as seen at the last call)."""
+    classes in tests/te/test_te_real.py) are in every report and in `stats()` (as seen at the last call)."""
     from types import SimpleNamespace
 
     from te_offload_shim.engine import handler as _offload
@@ -379,7 +379,7 @@ def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
 
 class _PrimaryWeight(te.Float8TensorV2):
     """An FP8 primary weight with TE's `update_usage` contract (tensor/storage/float8_tensor_storage.py):
-    `columnwise_usage=False` drops `_transpose`. TE's real class is exercised in tests/test_te_real.py."""
+    `columnwise_usage=False` drops `_transpose`. TE's real class is exercised in tests/te/test_te_real.py."""
 
     def update_usage(self, rowwise_usage: Any = None, columnwise_usage: Any = None) -> None:
         if columnwise_usage is False:

@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from conftest import REPO, verl_path
-
-TESTS = REPO / "tests"
+from conftest import REPO, SUPPORT, TESTS, verl_path
 
 CALLER = "verl.workers.engine.megatron.transformer_impl"
 
@@ -39,7 +37,7 @@ def _clean_env() -> dict[str, str]:
 def _start_cluster(state: Path) -> dict:
     log = open(state.with_suffix(".log"), "w")
     proc = subprocess.Popen(
-        [sys.executable, str(TESTS / "ray_head.py")],
+        [sys.executable, str(SUPPORT / "ray_head.py")],
         env=_clean_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -98,7 +96,7 @@ def _drive(address: str, *, shim: bool, runtime_env: dict) -> tuple[dict, str]:
     runtime_env = {**runtime_env, "env_vars": {**env_vars, **runtime_env.get("env_vars", {})}}
     args = json.dumps({"shim": shim, "caller": CALLER, "address": address, "runtime_env": runtime_env})
     env = {**_clean_env(), "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(TESTS / "ray_driver.py"), args]
+    command = [sys.executable, str(SUPPORT / "ray_driver.py"), args]
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     lines = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-TARGETS = Path(__file__).resolve().parent / "hostile" / "targets"  # where `usermod` lives
+TARGETS = Path(__file__).resolve().parents[1] / "hostile" / "targets"  # where `usermod` lives
 
 GOOD = [
     "usermod.offload:offload",

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from conftest import FIXED_VERL, UNFIXED_VERL, verl_path
-from verl_case import ENGINE, WORKERS, build, offload
+from support.verl_case import ENGINE, WORKERS, build, offload
 
 
 def _declared_fixed(verl: str) -> bool | None:

@@ -158,7 +158,7 @@ def test_stale_pth_after_uninstall_is_silent(venv: Venv) -> None:
 
 def test_enable_site_dir_and_python_m(venv: Venv, tmp_path: Path) -> None:
     target = tmp_path / "image-site"
-    target.mkdir()  # --site never creates a folder (tests/test_cli_help.py checks that)
+    target.mkdir()  # --site never creates a folder (tests/cli/test_cli_help.py checks that)
     proc = _sh(venv.python, "-m", "te_offload_shim", "enable", "--site", target)
     assert proc.stdout.strip() == f"te-offload-shim: enabled: {target / 'te_offload_shim.pth'}"
     assert not venv.pth.exists(), "--site writes there only"

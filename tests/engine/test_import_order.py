@@ -18,11 +18,11 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
-from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 from conftest import DEPS, use_mirrors
+from support.entries import CASES, Call
 
 
 def _drive(steps: list[str], module: str, original: Callable[[], object]) -> object:
@@ -205,64 +205,11 @@ def test_import_order_of_a_method_target(order: str) -> None:
 
 # --- every BUILTIN entry, both orders --------------------------------------------------------------
 #
-# A row calls its entry point the way the framework does, on megatron DDP chunks whose TE layers
-# hold cached FP8 copies (real modules for verl, megatron-core and ms-swift; the mirrors of
-# tests/mirrors/ for the rest). `module` is the target module as imported.
+# A row calls its entry point the way the framework does (each entry's case, tests/support/entries.py),
+# on megatron DDP chunks whose TE layers hold cached FP8 copies (real modules for verl, megatron-core
+# and ms-swift; the mirrors of tests/mirrors/ for the rest). `module` is the target module as imported.
 
-Call = Callable[[ModuleType, list], None]
-
-
-def _flag(name: str) -> Any:
-    return SimpleNamespace(offload_train=True, transformer_impl="transformer_engine", cuda_graph_impl="none", **{
-        name: False
-    })  # fmt: skip
-
-
-def _nemo_rl_remote(module: ModuleType, chunks: list) -> None:
-    module.MegatronPolicyWorker.__ray_metadata__.modified_class(chunks[0], {"megatron_cfg": {}}).offload_before_refit()
-
-
-def _megatron_core(module: ModuleType, chunks: list) -> None:
-    for buffer in chunks[0].buffers:
-        buffer.offload_to_cpu()
-
-
-def _roll(module: ModuleType, chunks: list) -> None:
-    module.MegatronInferStrategy(chunks).offload_states(None)
-
-
-def _roll_train(module: ModuleType, chunks: list) -> None:
-    module.MegatronTrainStrategy(chunks).offload_states(include=None)
-
-
-def _awex(module: ModuleType, chunks: list) -> None:
-    module.AwexMegatronAdapter(SimpleNamespace(model=chunks)).release_memory(tags=None)
-
-
-ROWS: dict[str, Call] = {
-    "verl": lambda m, chunks: m.offload_megatron_model_to_cpu(chunks),
-    "megatron-core": _megatron_core,
-    "nemo-rl": lambda m, chunks: m.MegatronPolicyWorkerImpl(chunks[0], {"megatron_cfg": {}}).offload_before_refit(),
-    "nemo-rl-0.5": _nemo_rl_remote,
-    "nemo-rl-0.3": _nemo_rl_remote,
-    "roll": _roll,
-    "roll-train": _roll_train,
-    "areal-awex": _awex,
-    "areal-awex-1.0": _awex,
-    "areal": lambda m, chunks: m.MegatronEngine(chunks).offload(),
-    "slime": lambda m, chunks: m.MegatronTrainRayActor(_flag("unused"), chunks).sleep(),
-    "miles": lambda m, chunks: m.MegatronTrainRayActor(
-        _flag("clear_quantized_weight_workspaces_on_offload"), chunks
-    ).sleep(),
-    "ms-swift": lambda m, chunks: m.offload_megatron_model_to_cpu(chunks),
-    "skyrl": lambda m, chunks: m.offload_megatron_model_to_cpu(chunks),
-    "skyrl-train": lambda m, chunks: m.offload_megatron_model_to_cpu(chunks),
-    "rlinf": lambda m, chunks: m.MegatronModelManager(chunks).offload_model_weights_and_grad(),
-    "chatlearn": lambda m, chunks: m.TrainerMemoryManager(chunks, None).offload_weights(),
-    "chatlearn-inference": lambda m, chunks: m.InferenceMemoryManager(chunks).offload_weights(),
-    "relax": lambda m, chunks: m.MegatronTrainRayActor(SimpleNamespace(offload_train=True), chunks).sleep(),
-    "relax-selective": lambda m, chunks: m._SelectiveOffloadStrategy(chunks, None, SimpleNamespace()).offload(),
-}
+ROWS: dict[str, Call] = {name: case.call for name, case in CASES.items()}
 
 # Entries whose modules cannot be imported next to the others: the nemo_rl 0.5 mirror has the 0.6
 # layout's module name, and ms-swift needs Transformer Engine's import-only stand-in.
@@ -274,7 +221,9 @@ def test_every_builtin_entry_has_a_row() -> None:
 
     names = [t.name for t in BUILTIN]
     missing, extra = sorted(set(names) - set(ROWS)), sorted(set(ROWS) - set(names))
-    assert not missing and not extra, f"entries without a row: {missing}; rows for no entry: {extra}"
+    assert not missing and not extra, (
+        f"entries without a case in tests/support/entries.py: {missing}; cases for no entry: {extra}"
+    )
 
 
 def _both_orders(names: list[str], prepare: Callable[[], None]) -> None:
@@ -334,24 +283,13 @@ def test_builtin_entries_in_both_orders() -> None:
 
 @pytest.mark.subprocess(timeout=240)
 def test_builtin_entries_apart_in_both_orders() -> None:
-    """nemo-rl 0.5's mirror, and the real ms-swift 4.6.0 set up as in tests/test_ms_swift.py."""
+    """nemo-rl 0.5's mirror, and the real ms-swift 4.6.0 set up as in tests/integrations/test_ms_swift.py."""
     swift = DEPS / "ms-swift-4.6.0"
     if not (swift / "swift").is_dir():
         pytest.skip(f"ms-swift 4.6.0 not installed in {swift} (run scripts/setup-env.sh)")
 
     def prepare() -> None:
-        use_mirrors("nemo_rl_v0_5")
-        # megatron-core modules choose TE or their own layers when first imported: the ones the test
-        # model uses are imported while TE is absent; its TE wrappers module is then dropped so that
-        # ms-swift loads it again against the import-only stand-in.
-        import megatron.core.distributed
-        import megatron.core.models.gpt.gpt_layer_specs  # noqa: F401
-
-        from harness import te_import_only
-
-        for name in [m for m in sys.modules if m.startswith("megatron.core.extensions")]:
-            del sys.modules[name]
-        sys.path[:0] = [str(swift), str(DEPS / "triton")]
-        te_import_only.install()
+        CASES["nemo-rl-0.5"].prepare()
+        CASES["ms-swift"].prepare()
 
     _both_orders(list(APART), prepare)

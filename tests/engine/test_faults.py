@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from verl_case import ENGINE, build, offload
+from support.verl_case import ENGINE, build, offload
 
 TARGETS = (
     "faulty:missing,faulty:CONST,faulty:weird,faulty:fine,faulty:Engine.offload@self.model,faulty:Nope.method,"
@@ -23,7 +23,7 @@ TARGETS = (
 
 def use_faulty() -> None:
     """Put tests/hostile/targets (where `faulty` lives) on the path."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "hostile" / "targets"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hostile" / "targets"))
 
 
 def strict_or_not(**env: str) -> list[Any]:
