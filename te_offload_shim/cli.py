@@ -29,7 +29,11 @@ def _enable(args: argparse.Namespace) -> int:
 
 
 def _disable(args: argparse.Namespace) -> int:
-    what, path = pth.disable(args.site)
+    try:
+        what, path = pth.disable(args.site)
+    except pth.SiteError as exc:
+        print(f"te-offload-shim disable: {exc}", file=sys.stderr)
+        return 1
     print(f"te-offload-shim: {what}: {path}")
     for other in pth.pth_files():
         if other["path"] != path:
@@ -176,11 +180,8 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
             warnings.append(f"{row['name']}: expected to be patched, state is {state!r}")
         if row["in_supported"] is False and row["would_be_patched"]:
             warnings.append(f"{row['name']}: {row['in_supported_basis']}: a release this entry was not checked on")
-    routes = report["routes"]
-    stale = [p["path"] for p in routes["pth"] if not p["current"]]
-    if stale:
-        warnings.append(f"outdated .pth line (re-run `te-offload-shim enable`): {', '.join(stale)}")
-    return problems, warnings
+    pth_problems, pth_warnings = pth.assess(report["routes"]["pth"])
+    return problems + pth_problems, warnings + pth_warnings
 
 
 _IMPORT_LINES = 20
@@ -228,7 +229,8 @@ def _print_report(report: dict[str, Any]) -> None:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
     routes = report["routes"]
     print("activation routes:")
-    files = ", ".join(p["path"] + ("" if p["current"] else " (outdated)") for p in routes["pth"])
+    label = {True: "", False: " (outdated)", None: " (not readable by this user)"}
+    files = ", ".join(p["path"] + label[p["current"]] for p in routes["pth"])
     print(f"  .pth:                      {files or 'no'}")
     print(f"  sitecustomize bootstrap:   {_yes(routes['sitecustomize_bootstrap'])}")
     print(f"  VERL_USE_EXTERNAL_MODULES: {_yes(routes['verl_external_modules'])}")
@@ -258,7 +260,7 @@ def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
     found = [
         name
         for name, on in (
-            (".pth", bool(routes["pth"])),
+            (".pth", pth.in_force(routes["pth"])),
             ("sitecustomize bootstrap", routes["sitecustomize_bootstrap"]),
             ("VERL_USE_EXTERNAL_MODULES", routes["verl_external_modules"]),
             ("Ray worker setup hook", routes["ray_worker_setup_hook"]),
