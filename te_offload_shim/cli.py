@@ -7,9 +7,11 @@ is what lets `status --import` report what a real process would get.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from te_offload_shim import _switches
@@ -70,16 +72,16 @@ def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[st
 
     Returns the import errors, and what the imports printed or warned (megatron and its friends say
     a lot): held back and shown after the report, not ahead of it."""
-    import contextlib
     import importlib
     import io
     import warnings
 
     errors: dict[str, str] = {}
     said = io.StringIO()
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(said):
+    below_python: list[str] = []  # what reached file descriptor 1 itself
+    with _descriptor_1_held(below_python), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # each warning once per place, as Python shows them
-        with contextlib.redirect_stderr(said):
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
             for row in rows:
                 module = row["target"].partition(":")[0]
                 if not row["present"] or module in errors:
@@ -88,9 +90,49 @@ def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[st
                     importlib.import_module(module)
                 except Exception as exc:
                     errors[module] = f"{type(exc).__name__}: {exc}"
-    lines = [line for line in said.getvalue().splitlines() if line.strip()]
+    lines = [line for text in (said.getvalue(), *below_python) for line in text.splitlines() if line.strip()]
     lines += [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
     return errors, list(dict.fromkeys(lines))
+
+
+@contextlib.contextmanager
+def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
+    """Point file descriptor 1 at a temporary file while the targets import, and put what reached
+    it into `sink`: a C extension's printf, a subprocess the import runs, a write to fd 1, none of
+    which Python's `sys.stdout` sees. `status --json` must print one JSON document and nothing else."""
+    import tempfile
+
+    _flush_stdout()  # what was written before belongs where it was going
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 (closed by the caller): nothing can reach the report either
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 1)
+        try:
+            yield
+        finally:
+            _flush_stdout()  # C's stdio buffer and sys.__stdout__'s still hold the imports' output
+            os.dup2(saved, 1)
+            os.close(saved)
+            held.seek(0)
+            sink.append(held.read().decode("utf-8", "replace"))
+
+
+def _flush_stdout() -> None:
+    for stream in (sys.stdout, sys.__stdout__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # a closed or odd stream: its text stays where it is
+            pass
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # every C stdio output stream (printf from an extension)
+    except Exception:  # no C library to ask (not Linux or macOS): nothing buffered there to lose
+        pass
 
 
 def collect(do_import: bool = False) -> dict[str, Any]:
