@@ -194,6 +194,13 @@ def _path_entries(value: str | None) -> list[str]:
     return [os.path.abspath(p) for p in (value or "").split(os.pathsep) if p]
 
 
+def _our_ray_hook_ran() -> bool:
+    """Whether the setup hook `ray.init` gained from the shim ran in this process (a Ray worker)."""
+    import sys
+
+    return bool(getattr(sys.modules.get("te_offload_shim.integrations.ray_runtime_env"), "hook_ran", False))
+
+
 def routes(environ: Any = None) -> dict[str, Any]:
     """The activation routes in force for this interpreter and the processes it starts."""
     from te_offload_shim.integrations import ray
@@ -206,6 +213,6 @@ def routes(environ: Any = None) -> dict[str, Any]:
         "sitecustomize_bootstrap": os.path.abspath(BOOTSTRAP_DIR) in _path_entries(env.get("PYTHONPATH")),
         "verl_external_modules": "te_offload_shim" in external,
         "pythonstartup": bool(startup) and os.path.abspath(startup) == os.path.abspath(STARTUP_FILE),
-        "ray_worker_setup_hook": env.get(ray.HOOK_ENV_VAR) == ray.RAY_HOOK,  # set by Ray in a job's workers
+        "ray_worker_setup_hook": env.get(ray.HOOK_ENV_VAR) == ray.RAY_HOOK or _our_ray_hook_ran(),
         "ray_init_propagation": "when ray.init is called in a process where the shim is installed",
     }
