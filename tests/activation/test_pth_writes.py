@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import DEPS, REPO
@@ -35,9 +36,9 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _run(*cmd: object, check: bool = True, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def _run(*cmd: object, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
     kwargs.setdefault("env", _env())
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120, **kwargs)  # type: ignore[call-overload]
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=120, **kwargs)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -57,7 +58,7 @@ class Venv:
         (self.site / "wrapt_1.pth").write_text(f"{DEPS / 'wrapt-1'}\n")
         self.pth = self.site / pth.PTH_NAME
 
-    def cli(self, *args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    def cli(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
         return _run(self.python, "-m", "te_offload_shim", *args, **kwargs)
 
 
@@ -144,7 +145,13 @@ def test_a_pth_written_under_umask_077_works_for_another_user_and_status_says_wh
             path = os.path.join(dirpath, name)
             if not os.path.islink(path):
                 os.chmod(path, os.stat(path).st_mode | stat.S_IRGRP | stat.S_IROTH | (0o055 if name in dirnames else 0))
-    as_user = {"user": uid, "group": gid, "extra_groups": [], "cwd": shared, "env": _env(HOME=str(shared))}
+    as_user: dict[str, Any] = {
+        "user": uid,
+        "group": gid,
+        "extra_groups": [],
+        "cwd": shared,
+        "env": _env(HOME=str(shared)),
+    }
 
     def users_view() -> tuple[bool, subprocess.CompletedProcess[str]]:
         loaded = json.loads(_run(venv.python, probe, **as_user).stdout)["loaded"]
