@@ -100,15 +100,14 @@ def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
     """Point file descriptor 1 at a temporary file while the targets import, and put what reached
     it into `sink`: a C extension's printf, a subprocess the import runs, a write to fd 1, none of
     which Python's `sys.stdout` sees. `status --json` must print one JSON document and nothing else."""
-    import tempfile
-
     _flush_stdout()  # what was written before belongs where it was going
     try:
+        held = _scratch_file()
         saved = os.dup(1)
-    except OSError:  # no descriptor 1 (closed by the caller): nothing can reach the report either
+    except OSError:  # no descriptor 1 (closed by the caller), nowhere to hold it: leave it as it is
         yield
         return
-    with tempfile.TemporaryFile() as held:
+    with held:
         os.dup2(held.fileno(), 1)
         try:
             yield
@@ -118,6 +117,19 @@ def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
             os.close(saved)
             held.seek(0)
             sink.append(held.read().decode("utf-8", "replace"))
+
+
+def _scratch_file() -> Any:
+    """A file that needs no writable folder (a container's read-only root file system may have no
+    usable /tmp): an anonymous memory file where Linux has them, else a temporary file."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return open(os.memfd_create("te-offload-shim-status"), "w+b")
+        except OSError:  # an old kernel, or memfd refused by a seccomp profile
+            pass
+    import tempfile
+
+    return tempfile.TemporaryFile()  # OSError where there is no usable temporary folder either
 
 
 def _flush_stdout() -> None:
