@@ -8,6 +8,7 @@ library only; imported by the CLI, never at start-up.
 
 from __future__ import annotations
 
+import errno
 import os
 import site
 import stat
@@ -88,13 +89,13 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
     directory = _site_directory(site_dir)
     path = os.path.join(directory, PTH_NAME)
     try:
-        with open(path, encoding="utf-8") as f:
-            current = f.read()
+        with open(path, "rb") as f:
+            current: bytes | None = f.read()  # bytes: a file that is not UTF-8 is replaced, not a traceback
     except FileNotFoundError:
         current = None
     except OSError as exc:
         raise SiteError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if current == PTH_TEXT and _in_place(path):
+    if current == PTH_TEXT.encode() and _in_place(path):
         return "already enabled", path
     tmp = None
     try:
@@ -106,7 +107,7 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
             os.fchmod(f.fileno(), PTH_MODE)
             f.write(PTH_TEXT)
             f.flush()
-            os.fsync(f.fileno())  # on the server (NFS) before the rename makes it the file in force
+            _sync(f.fileno())
         os.replace(tmp, path)  # never a half-written line that site.py would run
     except OSError as exc:
         if tmp is not None:
@@ -116,6 +117,16 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
                 pass
         raise SiteError(f"cannot write {path}: {exc.strerror or exc}") from None
     return ("enabled" if current is None else "updated"), path
+
+
+def _sync(fd: int) -> None:
+    """The bytes on the disk (on the server, for NFS) before the rename makes the file the one in
+    force. A file system that cannot sync (some FUSE mounts) has written them all the same."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
 
 
 def disable(site_dir: str | None = None) -> tuple[str, str]:
@@ -152,10 +163,11 @@ def pth_files() -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"path": path, "current": None, "readable": False, "mode": None}
         try:
             entry["mode"] = f"{stat.S_IMODE(os.stat(path).st_mode):04o}"
-            with open(path, encoding="utf-8") as f:
-                entry["current"] = f.read() == PTH_TEXT
+            with open(path, "rb") as f:
+                text = f.read()
             entry["readable"] = True
-        except (OSError, ValueError):  # ValueError: not UTF-8, site.py cannot run it either
+            entry["current"] = text == PTH_TEXT.encode()  # bytes: a file that is not UTF-8 is simply not ours
+        except OSError:
             pass
         found.append(entry)
     return found

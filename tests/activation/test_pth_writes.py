@@ -93,6 +93,19 @@ def test_enable_under_umask_077_writes_a_file_every_user_can_read(tmp_path: Path
     assert status["routes"]["pth"] == [{"path": str(venv.pth), "current": True, "readable": True, "mode": "0644"}]
 
 
+def test_a_pth_of_our_name_that_is_not_utf8_is_replaced(tmp_path: Path) -> None:
+    """A file left damaged (an editor's encoding, a disk that filled up under another tool) in the
+    site-packages of another interpreter (`--site`; in this interpreter's own, CPython 3.11 would not
+    even start: its site.py dies on a .pth that is not UTF-8)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / pth.PTH_NAME).write_bytes(b"import os\xff\xfe\n")
+    proc = _cli("enable", "--site", str(site))
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.splitlines()[0] == f"te-offload-shim: updated: {site / pth.PTH_NAME}"
+    assert (site / pth.PTH_NAME).read_text() == pth.PTH_TEXT
+
+
 # --- another user --------------------------------------------------------------------------------
 
 
