@@ -97,17 +97,21 @@ def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[st
 
 @contextlib.contextmanager
 def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
-    """Point file descriptor 1 at a temporary file while the targets import, and put what reached
-    it into `sink`: a C extension's printf, a subprocess the import runs, a write to fd 1, none of
-    which Python's `sys.stdout` sees. `status --json` must print one JSON document and nothing else."""
+    """Point file descriptor 1 at a scratch file while the targets import, and put what reached it
+    into `sink`: a C extension's printf, a subprocess the import runs, a write to fd 1, none of which
+    Python's `sys.stdout` sees. `status --json` must print one JSON document and nothing else."""
     _flush_stdout()  # what was written before belongs where it was going
     try:
         held = _scratch_file()
-        saved = os.dup(1)
-    except OSError:  # no descriptor 1 (closed by the caller), nowhere to hold it: leave it as it is
+    except OSError:  # nowhere to hold it: leave it as it is
         yield
         return
     with held:
+        try:
+            saved = os.dup(1)
+        except OSError:  # no descriptor 1 (closed by the caller): nothing can reach the report either
+            yield
+            return
         os.dup2(held.fileno(), 1)
         try:
             yield
