@@ -88,8 +88,8 @@ def _path_changes(env_vars: Mapping[str, str], ships_path: bool, origin: Origin)
                     "which Ray puts on a worker's path after its setup hook"
                 )
     if origin.kind == "user-site":
-        if env_vars.get("PYTHONNOUSERSITE"):
-            found.append(f"env_vars PYTHONNOUSERSITE={env_vars['PYTHONNOUSERSITE']!r}, {where}: the user site")
+        if value := env_vars.get("PYTHONNOUSERSITE"):
+            found.append(f"env_vars PYTHONNOUSERSITE={value!r}, which drops the user site {where}")
         moved = [name for name in ("PYTHONUSERBASE", "HOME") if name in env_vars]
         if "PYTHONUSERBASE" in env or "PYTHONUSERBASE" in env_vars:
             moved = [name for name in moved if name != "HOME"]  # HOME places the user site only without it
