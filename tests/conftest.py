@@ -21,8 +21,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,6 +178,16 @@ def mirror_env(*roots: str) -> dict[str, str]:
 def use_mirrors(*roots: str) -> None:
     """Put the mirrors (and `roots` in front of them) on this interpreter's path."""
     sys.path[:0] = [str(MIRRORS / r) for r in roots] + [str(MIRRORS)]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session's local Ray cluster, shared by the xdist workers (tests/support/ray_session.py says how
+    it keeps the package from its workers unless a job gives it to them)."""
+    from support import ray_session
+
+    base = tmp_path_factory.getbasetemp()
+    yield from ray_session.shared_cluster(base if os.environ.get("PYTEST_XDIST_WORKER") is None else base.parent)
 
 
 def verl_path(version: str) -> Path:

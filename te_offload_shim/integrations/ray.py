@@ -1,9 +1,11 @@
 """Ray: the job's workers, and the method copies inside Ray actors.
 
-Workers. Where the shim is installed, `ray.init` gains `worker_process_setup_hook=
-"te_offload_shim.ray_setup"` in its runtime_env, so every worker of the job, on every node, installs
-the shim before it runs a task. We stay out when the job already has a hook (Ray allows one) or swaps
-the Python environment (the workers may lack the package, and an unimportable hook fails them all).
+Workers. Where the shim is installed, `ray.init` gains a `worker_process_setup_hook` in its
+runtime_env, so every worker of the job, on every node, installs the shim before it runs a task.
+We stay out when the job already has a hook (Ray allows one), or when its runtime_env keeps the
+workers from importing the package (another Python environment, an import path without us): an
+unimportable hook fails every worker. The hook itself fails open where that could not be seen
+from here (integrations/ray_runtime_env.py).
 
 Actor copies. `@ray.remote` builds a subclass and copies every method into it, each wrapped in a
 tracing closure that holds the function as it was when the decorator ran (ray.util.tracing.
@@ -29,6 +31,7 @@ from typing import Any
 
 from te_offload_shim._log import warn_once
 from te_offload_shim.engine import hooks, registry
+from te_offload_shim.integrations import ray_runtime_env
 
 # engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap:
 # the constants and the runtime_env rules here are read by `te-offload-shim status`
@@ -50,9 +53,6 @@ hooks.ignore_keyword(TRACE_CTX_KEYWORD)
 hooks.find_classes_with(remote_user_class)
 
 
-# runtime_env fields that give the workers another Python environment, where the package may be
-# missing: a setup hook that cannot be imported fails every worker of the job, so we stay out.
-_ENV_SWAPPING = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
 HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 _JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set for the entrypoint of a `ray job submit`
 
@@ -185,7 +185,7 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
         hook = _existing_hook(source)
         if hook is None:
             continue
-        if hook != RAY_HOOK:
+        if not ray_runtime_env.is_ours(hook):
             warn_once(
                 "ray-hook-taken",
                 "te_offload_shim: the Ray job already has worker_process_setup_hook=%r; not adding %s. "
@@ -198,19 +198,19 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     if submitted is not None and submitted.get("unreadable"):
         return kwargs
-    swapping = [key for key in _ENV_SWAPPING if runtime_env.get(key) or (submitted or {}).get(key)]
-    if swapping:
+    blockers = ray_runtime_env.blockers(runtime_env, submitted)  # can its workers import us?
+    if blockers:
         warn_once(
             "ray-hook-env",
-            "te_offload_shim: the Ray job's runtime_env sets %s, so its workers may lack te_offload_shim; "
-            "not adding the setup hook. Install te-offload-shim there and pass "
+            "te_offload_shim: the Ray job's workers could not import te_offload_shim: %s; "
+            "not adding the setup hook. Make the package importable there and pass "
             "worker_process_setup_hook=%r yourself.",
-            ",".join(swapping),
+            "; ".join(blockers),
             RAY_HOOK,
         )
         return kwargs
     new_env = dict(runtime_env)
-    new_env["worker_process_setup_hook"] = RAY_HOOK
+    new_env["worker_process_setup_hook"] = ray_runtime_env.worker_hook()  # fails open where it cannot import us
     return {**kwargs, "runtime_env": new_env}
 
 

@@ -106,7 +106,7 @@ def test_enable_activates_every_start_once_and_costs_nothing_until_a_target(venv
 
     code, s, err = venv.status(env=FAKE)
     assert code == 0 and err == "" and s["healthy"] is True and s["problems"] == []
-    assert s["routes"]["pth"] == [{"path": str(venv.pth), "current": True}]
+    assert s["routes"]["pth"] == [{"path": str(venv.pth), "current": True, "readable": True, "mode": "0644"}]
     assert s["routes"]["sitecustomize_bootstrap"] is False and s["routes"]["verl_external_modules"] is False
     assert s["shim"]["enabled"] is True and s["shim"]["path"] == str(venv.site / "te_offload_shim")
     assert s["python"]["executable"] == str(venv.python)

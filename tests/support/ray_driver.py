@@ -1,8 +1,13 @@
-"""A Ray job's driver for tests/integrations/test_ray.py, run by path as a fresh process (a real job is one).
+"""A Ray job's driver for tests/integrations/test_ray.py and tests/hostile/test_ray_workers.py, run as a fresh
+process (a real job is one) by tests/support/ray_session.py's `drive()`.
 
-`python ray_driver.py '{"shim": bool, "caller": str, "address": str, "runtime_env": {...}}'`: imports
-the shim first when `shim`, starts one actor that imports `caller` and reports whether its alias is
-wrapped, and prints `RESULT <json>`. The actor class lives in `__main__`, so Ray ships it by value."""
+`python ray_driver.py '{"shim": bool, "address": str, "runtime_env": {...}, ...}'`: imports the shim
+first when `shim`, calls `ray.init` with that runtime_env, and prints `RESULT <json>`. With
+`"caller": module`, one actor imports that module and reports whether its alias of verl's offload is
+wrapped. With `"actors": [runtime_env or null, ...]`, one plain actor per entry (that entry as its own
+`.options(runtime_env=...)`) answers 42 and says whether the shim is active in it: RESULT is
+`{"reports": [...]}`, a report or `{"error": ...}` per actor. The actor classes live in `__main__`,
+so Ray ships them by value."""
 
 from __future__ import annotations
 
@@ -18,6 +23,16 @@ if ARGS.get("shim"):
 import ray  # noqa: E402  (after the shim, when there is one)
 
 
+def _shim_state() -> dict[str, Any]:
+    shim = sys.modules.get("te_offload_shim")
+    return {
+        "loaded": shim is not None,
+        "installed": bool(shim is not None and shim.installed()),
+        "hook_env": os.environ.get("__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"),
+        "pid": os.getpid(),
+    }
+
+
 @ray.remote(num_cpus=0)
 class Probe:
     def report(self) -> dict[str, Any]:
@@ -25,14 +40,7 @@ class Probe:
 
         before = "te_offload_shim" in sys.modules  # the hook ran before any task
         caller = importlib.import_module(ARGS["caller"])
-        out: dict[str, Any] = {
-            "before": before,
-            "loaded": "te_offload_shim" in sys.modules,
-            "layers": 0,
-            "state": None,
-            "hook_env": os.environ.get("__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"),
-            "pid": os.getpid(),
-        }
+        out: dict[str, Any] = {"before": before, **_shim_state(), "layers": 0, "state": None}
         if out["loaded"]:
             import te_offload_shim
             from te_offload_shim import cli
@@ -44,11 +52,36 @@ class Probe:
         return out
 
 
+@ray.remote(num_cpus=0)
+class Plain:
+    def report(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"answer": 42, **_shim_state()}
+        if out["loaded"]:
+            from te_offload_shim.activation import pth
+
+            out["ray_route"] = pth.routes()["ray_worker_setup_hook"]
+        return out
+
+
+def _plain(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
+    # mypy does not apply class decorators: it does not see that @ray.remote made Plain an ActorClass
+    actor: Any = Plain.options(runtime_env=runtime_env) if runtime_env is not None else Plain  # type: ignore[attr-defined]
+    try:
+        answer: dict[str, Any] = ray.get(actor.remote().report.remote(), timeout=120)
+        return answer
+    except Exception as exc:  # an actor that died: the test says what it expected
+        return {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+
+
 def main() -> None:
     ray.init(address=ARGS["address"], runtime_env=ARGS["runtime_env"], log_to_driver=False)
     assert ARGS["shim"] == ("te_offload_shim" in sys.modules), "the driver must not import the hook"
-    # mypy does not apply class decorators: it does not see that @ray.remote made Probe an ActorClass
-    report = ray.get(Probe.remote().report.remote(), timeout=240)  # type: ignore[attr-defined]
+    if "actors" in ARGS:
+        report: dict[str, Any] = {"reports": [_plain(env) for env in ARGS["actors"]]}
+    else:
+        # mypy does not apply class decorators: it does not see that @ray.remote made Probe an ActorClass
+        probe: Any = Probe
+        report = ray.get(probe.remote().report.remote(), timeout=240)
     ray.shutdown()
     print("RESULT " + json.dumps(report), flush=True)
 
