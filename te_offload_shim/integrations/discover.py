@@ -15,8 +15,8 @@ allocator, in the same body:
 
 A candidate is "covered" when a table entry (or `TE_OFFLOAD_SHIM_TARGETS`) names it, when it only
 calls offload functions named like table entries, or when it clears the caches itself (its body, or
-a function of its module it calls by name, touches `_fp8_workspaces`). Known limits are in the README
-("Finding offload functions the table does not know").
+a function of its module it calls by name, touches `_fp8_workspaces`). Known limits are in
+docs/frameworks.md ("Finding offload functions the table does not know").
 """
 
 from __future__ import annotations
