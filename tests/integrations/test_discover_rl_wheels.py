@@ -90,13 +90,13 @@ def test_discover_over_siirl_and_trinity_finds_siirl_and_covers_everything(
 
 @pytest.mark.subprocess(timeout=240)
 def test_the_spec_discover_proposes_for_siirl_clears_real_siirl(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The `spec` discover gives (the value its last line would print were siiRL not in the table),
     pasted into TE_OFFLOAD_SHIM_TARGETS with the built-in siirl entries switched off."""
     import importlib
 
-    from siirl_case import build, offload_through_the_workers, on_path
+    from support.siirl_case import build, offload_through_the_workers, on_path
 
     import te_offload_shim as shim
 
@@ -109,7 +109,7 @@ def test_the_spec_discover_proposes_for_siirl_clears_real_siirl(
     shim.uninstall()
     assert shim.install()
 
-    on_path("0.2.0", tmp_path)
+    on_path("0.2.0")
     workers = importlib.import_module("siirl.engine.megatron_workers")
     world = build()
     r = offload_through_the_workers(world, workers)

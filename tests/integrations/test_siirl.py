@@ -7,19 +7,18 @@ flushes with `get_torch_device().empty_cache()`. Its workers module from-imports
 (`siirl.engine.megatron_workers` in 0.2.0, `siirl.workers.megatron_workers` before), and holds the
 Megatron reward model, whose `offload_params_to_cpu` moves the reward model's parameters and flushes.
 The model is the real megatron-core GPTModel the verl tests use, with TE-layout caches; the set-up
-is tests/integrations/siirl_case.py's. This module imports nothing heavy at its top.
+is tests/support/siirl_case.py's. This module imports nothing heavy at its top.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from siirl_case import UTILS, build, offload_through_the_workers, on_path
+from support.siirl_case import UTILS, build, offload_through_the_workers, on_path
 
 
 def _check(world: SimpleNamespace, r: dict[str, Any], reward_entry: str) -> None:
@@ -59,10 +58,10 @@ ORDERS = ("shim-utils-workers", "utils-shim-workers", "utils-workers-shim")
 
 @pytest.mark.subprocess(timeout=240)
 @pytest.mark.parametrize("order", ORDERS)
-def test_siirl_offload_clears_in_every_import_order(order: str, tmp_path: Path) -> None:
+def test_siirl_offload_clears_in_every_import_order(order: str) -> None:
     """The shim first; between siiRL's megatron_utils and the workers that from-import it; last,
     after the workers and the model (the workers' alias is then rebound)."""
-    on_path("0.2.0", tmp_path)
+    on_path("0.2.0")
     world = None
     for step in order.split("-"):
         if step == "shim":
@@ -81,11 +80,11 @@ def test_siirl_offload_clears_in_every_import_order(order: str, tmp_path: Path) 
 
 
 @pytest.mark.subprocess(timeout=240)
-def test_siirl_0_1_layout(tmp_path: Path) -> None:
+def test_siirl_0_1_layout() -> None:
     """0.0.x - 0.1.x: the same offload, the workers and the reward model under `siirl.workers`."""
     import te_offload_shim
 
-    on_path("0.1.0.post1", tmp_path)
+    on_path("0.1.0.post1")
     workers = importlib.import_module("siirl.workers.megatron_workers")
     assert "/siirl-0.1.0.post1/" in str(workers.__file__)
     assert "siirl.engine" not in sys.modules

@@ -11,7 +11,7 @@ The wheels sit in `.deps/trinity-rft-X`, what the workers import beyond the test
 `.deps/trinity-pydeps` (scripts/setup-env.sh). The workers module does a bare `import vllm` for its
 side effect on NCCL's settings; vllm's wheels are CUDA builds, and the offload never calls it, so
 the import-only stand-in of harness/te_import_only.py serves it. The model and its verl offload are
-tests/verl_case.py's, with verl 0.7.1 on the path.
+tests/support/verl_case.py's, with verl 0.7.1 on the path.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import sys
 
 import pytest
 from conftest import DEPS
-from verl_case import build, offload
+from support.verl_case import build, offload
 
 WORKERS = {"0.6.0": "trinity.trainer.verl_legacy.megatron_workers", "0.5.2": "trinity.trainer.verl.megatron_workers"}
 

@@ -1,6 +1,6 @@
 """A real siiRL offload and reward-model offload on real megatron chunks, for tests running in a fresh
-interpreter (tests/integrations/test_siirl.py, test_discover_rl_wheels.py). Imports nothing heavy at
-its top.
+interpreter (tests/integrations/test_siirl.py, test_discover_rl_wheels.py, the siirl cases of
+tests/support/entries.py). Imports nothing heavy at its top.
 
 The releases sit in `.deps/siirl-X`, what their modules import beyond the test venv in
 `.deps/siirl-pydeps` (scripts/setup-env.sh). The workers module imports `flash_attn.bert_padding` at
@@ -12,9 +12,11 @@ at call time) records here what is still cached at siiRL's own flush.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
-from pathlib import Path
+import tempfile
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -24,11 +26,14 @@ from conftest import DEPS
 UTILS = "siirl.utils.megatron.megatron_utils"
 
 
-def on_path(release: str, logs: Path) -> None:
+def on_path(release: str) -> None:
+    """siiRL `release` and what it imports first on the path, flash_attn served by the stand-in."""
     folder = DEPS / f"siirl-{release}"
     if not (folder / "siirl").is_dir():
         pytest.skip(f"siirl {release} not installed in {folder} (run scripts/setup-env.sh)")
-    os.environ["SIIRL_LOG_DIRECTORY"] = str(logs)  # `import siirl` writes a log file there (default: ./siirl_logs)
+    logs = tempfile.mkdtemp(prefix="siirl-logs-")  # `import siirl` writes a log file (default: ./siirl_logs)
+    atexit.register(shutil.rmtree, logs, True)
+    os.environ["SIIRL_LOG_DIRECTORY"] = logs
     sys.path[:0] = [str(folder), str(DEPS / "siirl-pydeps")]
     from harness import te_import_only
 
