@@ -23,10 +23,14 @@ CACHING_OFF = (
 
 
 def caching_off(d: dict) -> str | None:
-    """Why the TE layer whose instance dict is `d` caches nothing, or None if it may cache."""
-    for attribute, reason in CACHING_OFF:
-        if d.get(attribute) is True:
-            return reason
+    """Why the TE layer whose instance dict is `d` caches nothing, or None if it may cache (also
+    when `d` cannot be read: a report's remark must not cost the clearing)."""
+    try:
+        for attribute, reason in CACHING_OFF:
+            if d.get(attribute) is True:
+                return reason
+    except Exception:
+        pass
     return None
 
 
