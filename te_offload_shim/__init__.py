@@ -93,6 +93,9 @@ BUILTIN_MODULES = (
     "rlinf.hybrid_engines.megatron.megatron_model_manager",
     "chatlearn.models.megatron.memory_manager.trainer",
     "chatlearn.models.megatron.memory_manager.inference",
+    "siirl.utils.megatron.megatron_utils",
+    "siirl.engine.reward_model.megatron.reward_model",
+    "siirl.workers.reward_model.megatron.reward_model",
     "relax.backends.megatron.actor",
     "relax.backends.megatron.weight_update.train_offload",
 )

@@ -17,6 +17,7 @@ from te_offload_shim._locks import Lock
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
 from te_offload_shim.engine import hooks
 from te_offload_shim.te import caches
+from te_offload_shim.te.caching_off import describe
 
 if TYPE_CHECKING:
     import inspect
@@ -40,7 +41,9 @@ _totals: dict[str, Any] = {
 }
 _by_target: dict[str, dict[str, int]] = {}
 _left: dict[str, dict[str, int]] = {}  # target -> the reason its skip rule gave -> calls left alone
+_caching_off: dict[str, int] = {}  # TE layers whose caching is off by configuration, by reason, at the last call
 _announced = False
+_said_off: set[str] = set()  # the reasons "caching is off" was said for at the first clearing's log level
 
 
 def totals() -> dict[str, Any]:
@@ -49,6 +52,7 @@ def totals() -> dict[str, Any]:
         result = dict(_totals)
         result["by_target"] = {k: dict(v) for k, v in _by_target.items()}
         result["left_alone"] = {k: dict(v) for k, v in _left.items()}
+        result["caching_off"] = dict(_caching_off)
         return result
 
 
@@ -59,6 +63,8 @@ def reset_stats() -> None:
             _totals[key] = 0
         _by_target.clear()
         _left.clear()
+        _caching_off.clear()
+        _said_off.clear()
         _announced = False
 
 
@@ -80,26 +86,39 @@ def _record(target: Target, report: caches.CacheReport) -> None:
         _totals["skipped"] += len(report.skipped)
         _totals["errors"] += len(report.errors)
         _totals["primary_weight_bytes"] = report.primary_weight_bytes
-        if not report.entries:
-            return
-        _totals["cleared_calls"] += 1
-        _totals["entries"] += report.entries
-        _totals["modules"] += report.modules
-        _totals["bytes"] += report.bytes
-        _totals["released_bytes"] += report.released_bytes or 0
-        per["entries"] += report.entries
-        per["bytes"] += report.bytes
-        first, _announced = not _announced, True
-    log(
-        first_line_level() if first else 10,
-        "te_offload_shim: %s%s: cleared %d FP8 weight workspaces in %d modules (%s held%s) before the flush",
-        rank_prefix(),
-        target.path,
-        report.entries,
-        report.modules,
-        human_bytes(report.bytes),
-        "" if report.released_bytes is None else f", {human_bytes(report.released_bytes)} released",
-    )
+        _caching_off.clear()
+        _caching_off.update(report.caching_off)
+        if report.entries:
+            _totals["cleared_calls"] += 1
+            _totals["entries"] += report.entries
+            _totals["modules"] += report.modules
+            _totals["bytes"] += report.bytes
+            _totals["released_bytes"] += report.released_bytes or 0
+            per["entries"] += report.entries
+            per["bytes"] += report.bytes
+            first, _announced = not _announced, True
+        else:
+            first = not _said_off.issuperset(report.caching_off)
+            _said_off.update(report.caching_off)
+    if report.entries:
+        log(
+            first_line_level() if first else 10,
+            "te_offload_shim: %s%s: cleared %d FP8 weight workspaces in %d modules (%s held%s) before the flush",
+            rank_prefix(),
+            target.path,
+            report.entries,
+            report.modules,
+            human_bytes(report.bytes),
+            "" if report.released_bytes is None else f", {human_bytes(report.released_bytes)} released",
+        )
+    elif report.caching_off:  # a 0 that is no clearing's doing says why, once per reason at the first line's level
+        log(
+            first_line_level() if first else 10,
+            "te_offload_shim: %s%s: nothing to clear: FP8 weight caching is off by configuration in %s",
+            rank_prefix(),
+            target.path,
+            describe(report.caching_off),
+        )
 
 
 class Handler:

@@ -53,6 +53,9 @@ class Stats(TypedDict):
     skipped: int  # modules or chunks left alone (CUDA graphs, TE < 1.8 layout, ...)
     errors: int  # the shim's own errors (each also logged once)
     primary_weight_bytes: int  # FP8 primary weights' transpose/columnwise copies seen at the last call
+    # TE layers that held nothing at the last call because caching is off by configuration (Megatron's
+    # disable_parameter_transpose_cache, TE under FSDP2), by reason: its 0 entries cleared are no loss
+    caching_off: dict[str, int]
     by_target: dict[str, TargetTotals]
     left_alone: dict[str, dict[str, int]]  # target -> the reason its skip rule gave -> calls left alone
     audit: dict[str, Any] | None  # the latest TE_OFFLOAD_SHIM_AUDIT report (None until one ran)

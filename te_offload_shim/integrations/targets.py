@@ -201,6 +201,35 @@ BUILTIN: tuple[Target, ...] = (
         distribution="pai-chatlearn",
         supported=">=1.2.0",  # main too
     ),
+    # siiRL's offload is a copy of verl's pre-fix one, the same function from v0.0.1 to v0.2.0
+    # (c3ecc6a7) and main (af00a77): it empties the DDP buffers' storage itself, never through
+    # megatron-core's buffer offload, so the megatron-core entry does not fire for it. Its workers
+    # (`siirl.engine.megatron_workers`, `siirl.workers.megatron_workers` before 0.2.0) and sharding
+    # managers from-import it.
+    Target(
+        "siirl",
+        "siirl.utils.megatron.megatron_utils",
+        "offload_megatron_model_to_cpu",
+        "models",
+        distribution="siirl",
+        supported=">=0.0.1",  # main too
+    ),
+    Target(
+        "siirl-reward",
+        "siirl.engine.reward_model.megatron.reward_model",
+        "MegatronRewardModel.offload_params_to_cpu",  # `megatron.param_offload` of a Megatron reward model
+        "self.reward_model_module",
+        distribution="siirl",
+        supported=">=0.2.0",  # main too
+    ),
+    Target(
+        "siirl-reward-0.1",
+        "siirl.workers.reward_model.megatron.reward_model",  # 0.2.0 renamed siirl.workers to siirl.engine
+        "MegatronRewardModel.offload_params_to_cpu",
+        "self.reward_model_module",
+        distribution="siirl",
+        supported=">=0.0.1,<0.2.0",
+    ),
     Target(
         "relax",
         "relax.backends.megatron.actor",

@@ -23,6 +23,7 @@ from typing import Any
 from te_offload_shim._log import human_bytes
 from te_offload_shim.reports.process_memory import DeviceMemory, device_memory, te_global_memory
 from te_offload_shim.te import sizes
+from te_offload_shim.te.caching_off import caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
 from te_offload_shim.te.layouts import LEGACY_ATTRS, LEGACY_MARKER, WORKSPACES
 
@@ -79,7 +80,8 @@ class ResidueReport:
     largest holders; `te_global` is TE's process-global memory (not in `total_bytes`, never
     cleared by the shim; None where present but not sizeable from Python); `memory` the process
     numbers now (empty until CUDA is initialised), `memory_before` those at the start of the offload
-    when the audit made the report."""
+    when the audit made the report; `caching_off` the TE layers that hold no FP8 weight cache because
+    caching is off by configuration (te/caching_off.py), by reason."""
 
     device_type: str | None = None
     total_bytes: int = 0
@@ -91,6 +93,7 @@ class ResidueReport:
     memory: list[DeviceMemory] = field(default_factory=list)
     memory_before: list[DeviceMemory] | None = None
     errors: list[str] = field(default_factory=list)
+    caching_off: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -104,6 +107,7 @@ class ResidueReport:
             "memory": [vars(m).copy() for m in self.memory],
             "memory_before": None if self.memory_before is None else [vars(m).copy() for m in self.memory_before],
             "errors": list(self.errors),
+            "caching_off": dict(self.caching_off),
         }
 
     def summary(self) -> str:
@@ -114,6 +118,8 @@ class ResidueReport:
             parts[-1] += f" ({largest})"
         where = self.device_type or "device"
         line = f"left on {where}: {human_bytes(self.total_bytes)}" + (f" ({', '.join(parts)})" if parts else "")
+        if self.caching_off:
+            line += f"; FP8 weight caching off by configuration in {describe(self.caching_off)}"
         if self.te_global:
             te = ", ".join(f"{k} {human_bytes(v) if v is not None else 'present'}" for k, v in self.te_global.items())
             line += f"; TE process-global: {te}"
@@ -237,6 +243,7 @@ class _Walk:
         internal, plain, check = self.internal, self.plain, self.on_device
         params_found, buffers_found = self.found["parameters"], self.found["buffers"]
         workspaces_key, legacy_marker = WORKSPACES, LEGACY_MARKER
+        off = report.caching_off
         while stack:
             module, node = pop()
             if id(module) in seen:
@@ -263,6 +270,10 @@ class _Walk:
                 workspaces = d.get(workspaces_key)
                 if workspaces:
                     self.workspaces(node, workspaces)
+                elif workspaces_key in d:  # a TE layer holding nothing: is its caching off?
+                    reason = caching_off(d)
+                    if reason is not None:
+                        off[reason] = off.get(reason, 0) + 1
                 if legacy_marker in d:  # TE < 1.8: never cleared (see te/layouts.py)
                     for name in LEGACY_ATTRS:
                         self.add("fp8_workspaces", node, name, d.get(name))

@@ -8,8 +8,9 @@ torch taken from `sys.modules` (if torch is not imported, there is nothing to cl
 One call: the chunks in `models` (`chunks.as_chunks`, the policy the residue report shares), for
 each chunk one walk over its modules (`walk`), then per chunk: report what cannot be read and the
 TE < 1.8 caches left in place, count (and drop, where TE rebuilds them) the FP8 primary weights'
-copies (`primary`), leave a CUDA-graphed chunk alone, and take the workspaces of the others. The
-bytes of everything taken are counted once, together, at the end of the call (`sizes`).
+copies (`primary`), count the layers whose caching is off by configuration (`caching_off`), leave a
+CUDA-graphed chunk alone, and take the workspaces of the others. The bytes of everything taken are
+counted once, together, at the end of the call (`sizes`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from te_offload_shim import _switches
 from te_offload_shim._log import warn_once
 from te_offload_shim.te import sizes
+from te_offload_shim.te.caching_off import caching_off
 from te_offload_shim.te.chunks import as_chunks
 from te_offload_shim.te.graphs import cuda_graph_reason
 from te_offload_shim.te.layouts import LEGACY_ATTRS, WORKSPACES
@@ -107,7 +109,7 @@ def _process_chunk(
         primary_weight_copies(index, modern, torch, report, clear, chunk, tree.graph_mark)
     except Exception as exc:  # the caches below are cleared all the same
         _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
-    live = _live(modern)
+    live = _live(modern, report)
     if live and not _graphed(index, chunk, tree, names, live, report):
         taken.take(names, live, torch, clear, report)
 
@@ -133,13 +135,19 @@ def _report_legacy(legacy: list[tuple[Any, dict]], names: Names, torch: Any, rep
         )
 
 
-def _live(modern: list[tuple[Any, dict]]) -> list[tuple[Any, Any]]:
-    """(module, workspaces) of the TE >= 1.8 layers whose workspaces hold something."""
+def _live(modern: list[tuple[Any, dict]], report: CacheReport) -> list[tuple[Any, Any]]:
+    """(module, workspaces) of the TE >= 1.8 layers whose workspaces hold something; of the empty
+    ones, those whose caching is off by configuration are counted by reason."""
     live = []
+    off = report.caching_off
     for module, d in modern:
         workspaces = d[WORKSPACES]
         if workspaces if type(workspaces) is dict else _nonempty(workspaces):  # a dict's truth never raises
             live.append((module, workspaces))
+        else:
+            reason = caching_off(d)
+            if reason is not None:
+                off[reason] = off.get(reason, 0) + 1
     return live
 
 

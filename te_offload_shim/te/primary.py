@@ -1,7 +1,8 @@
 """FP8 primary weights (`fp8_model_init` / megatron `fp8_param`): TE creates no workspace for them,
 but the parameter itself carries a transpose / columnwise copy outside the DDP buffer (Float8Tensor
 `_transpose`; MXFP8, blockwise, NVFP4 `_columnwise_*`), which an offload leaves on the GPU. Counted
-in the clearing's report; Float8Tensor transposes are also dropped where TE rebuilds them.
+in the clearing's report; Float8Tensor transposes are also dropped where TE rebuilds them, through
+TE's own API for it where the release has one (`_drop_transpose`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ _WHERE_MAX = 16
 # tests/te/test_te_real.py). MXFP8 / blockwise / NVFP4 columnwise data is quantized from the
 # high-precision weight, which a primary weight no longer has: never dropped.
 TRANSPOSE_REBUILT_FROM = (2, 4)
+# TE's functions that drop a quantized tensor's column-wise copy, best first: `clear_columnwise_cache`
+# (tensor/utils.py, 2.16+, TE #2805; it would drop MXFP8 columnwise data too, so it is called only on
+# a weight whose one copy is a Float8Tensor `_transpose`), `Float8Tensor.remove_caches()` (2.1+,
+# TE #1425), then `update_usage(columnwise_usage=False)`, which every 2.x release has. Each leaves
+# `_transpose` None and marks it invalid, so TE's backward re-creates it.
+TE_TENSOR_UTILS = "transformer_engine.pytorch.tensor.utils"
 
 
 def _te_release() -> tuple[int, ...]:
@@ -50,8 +57,8 @@ def primary_weight_copies(
     graph_mark: str | None = None,
 ) -> None:
     """Count the transpose / columnwise copies that FP8 primary weights of these TE layers carry;
-    when clearing, drop Float8Tensor transposes through TE's own `update_usage` where TE rebuilds
-    them (TRANSPOSE_REBUILT_FROM), never under CUDA graphs."""
+    when clearing, drop Float8Tensor transposes through TE's own API where TE rebuilds them
+    (TRANSPOSE_REBUILT_FROM), never under CUDA graphs."""
     plain = (torch.Tensor, torch.nn.Parameter)
     usual = {torch.Tensor, torch.nn.Parameter, type(None)}
     may_drop: bool | None = None if clear else False
@@ -86,9 +93,23 @@ def primary_weight_copies(
 
 
 def _drop_transpose(param: Any, report: CacheReport) -> bool:
+    """Drop `param`'s transpose with the best of TE's functions its release has (TE_TENSOR_UTILS)."""
     try:
-        param.update_usage(columnwise_usage=False)  # TE's own API: drops `_transpose`, marks it invalid
-        return getattr(param, "_transpose", None) is None
+        utils = sys.modules.get(TE_TENSOR_UTILS)  # never imported here: loaded with TE's tensor classes
+        clear_columnwise = getattr(utils, "clear_columnwise_cache", None)
+        if callable(clear_columnwise):
+            clear_columnwise(param)
+            how = "clear_columnwise_cache"
+        elif callable(getattr(type(param), "remove_caches", None)):
+            param.remove_caches()
+            how = "remove_caches"
+        else:
+            param.update_usage(columnwise_usage=False)
+            how = "update_usage"
+        if getattr(param, "_transpose", None) is not None:
+            return False
+        report.primary_weight_dropped_by = how
+        return True
     except Exception as exc:
         text = repr(exc)
         del exc

@@ -38,8 +38,12 @@ class CacheReport:
     # on the GPU. Reported; Float8Tensor transposes are also dropped (primary_weight_copies).
     primary_weight_params: int = 0
     primary_weight_bytes: int = 0  # left in place
-    primary_weight_cleared: int = 0  # Float8Tensor transposes dropped through TE's update_usage (TE 2.4+)
+    primary_weight_cleared: int = 0  # Float8Tensor transposes dropped through TE's own API (TE 2.4+)
+    primary_weight_dropped_by: str | None = None  # that API: clear_columnwise_cache, remove_caches, update_usage
     primary_weight_where: list[str] = field(default_factory=list)
+    # TE layers that hold nothing because caching is off by configuration (`caching_off`), by reason:
+    # a 0 that is not a clearing's doing
+    caching_off: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,7 +58,9 @@ class CacheReport:
             "primary_weight_params": self.primary_weight_params,
             "primary_weight_bytes": self.primary_weight_bytes,
             "primary_weight_cleared": self.primary_weight_cleared,
+            "primary_weight_dropped_by": self.primary_weight_dropped_by,
             "primary_weight_where": list(self.primary_weight_where),
+            "caching_off": dict(self.caching_off),
         }
 
 

@@ -212,8 +212,10 @@ def test_import_order_of_a_method_target(order: str) -> None:
 ROWS: dict[str, Call] = {name: case.call for name, case in CASES.items()}
 
 # Entries whose modules cannot be imported next to the others: the nemo_rl 0.5 mirror has the 0.6
-# layout's module name, and ms-swift needs Transformer Engine's import-only stand-in.
+# layout's module name, and ms-swift needs Transformer Engine's import-only stand-in; the real siiRL
+# releases (two packages named `siirl`) are each on the path in a test of their own.
 APART = ("nemo-rl-0.5", "ms-swift")
+SIIRL = {"0.2.0": ("siirl", "siirl-reward"), "0.1.0.post1": ("siirl-reward-0.1",)}
 
 
 def test_every_builtin_entry_has_a_row() -> None:
@@ -278,7 +280,8 @@ def _both_orders(names: list[str], prepare: Callable[[], None]) -> None:
 
 @pytest.mark.subprocess(verl="0.8.0", timeout=240)
 def test_builtin_entries_in_both_orders() -> None:
-    _both_orders([name for name in ROWS if name not in APART], use_mirrors)
+    siirl = {name for names in SIIRL.values() for name in names}
+    _both_orders([name for name in ROWS if name not in APART and name not in siirl], use_mirrors)
 
 
 @pytest.mark.subprocess(timeout=240)
@@ -293,3 +296,12 @@ def test_builtin_entries_apart_in_both_orders() -> None:
         CASES["ms-swift"].prepare()
 
     _both_orders(list(APART), prepare)
+
+
+@pytest.mark.subprocess(timeout=240)
+@pytest.mark.parametrize("release", list(SIIRL))
+def test_builtin_siirl_entries_in_both_orders(release: str) -> None:
+    """The real siiRL releases, set up as their cases say (the `siirl` entry's module is the same in
+    0.1, and is checked with 0.2.0)."""
+    names = SIIRL[release]
+    _both_orders(list(names), CASES[names[0]].prepare)

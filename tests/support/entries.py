@@ -10,8 +10,8 @@ below can say.
 
 The frameworks that do not import on a CPU-only machine are mirrors (tests/mirrors/, each citing its
 upstream file and commit), whose flushes record what is still cached (tests/mirrors/mirror_flush.py);
-verl, megatron-core and ms-swift are the real packages, whose flushes their own tests observe
-(tests/integrations/test_verl.py, test_megatron_buffer.py, test_ms_swift.py). Imports nothing heavy at
+verl, megatron-core, ms-swift and siiRL are the real packages, whose flushes their own tests observe
+(tests/integrations/test_verl.py, test_megatron_buffer.py, test_ms_swift.py, test_siirl.py). Imports nothing heavy at
 its top: the fresh interpreters import it.
 """
 
@@ -24,6 +24,8 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 from conftest import DEPS, use_mirrors
+
+from support import siirl_case
 
 # The framework's own call of the entry point, on these chunks, as it makes it: returns the object it
 # built (the worker, strategy, manager), for a reload.
@@ -227,6 +229,35 @@ def prepare_ms_swift() -> None:
     te_import_only.install()
 
 
+# --- siiRL (real: tests/support/siirl_case.py) -------------------------------------------------------
+
+
+def _siirl(release: str) -> Callable[[], None]:
+    return lambda: siirl_case.on_path(release)
+
+
+def _siirl_reward(module: ModuleType, chunks: list) -> Any:
+    """The Megatron reward model siiRL's RewardModelWorker builds (plain chunks), with
+    `megatron.param_offload` off at construction, then its offload as `compute_reward` calls it."""
+    config = SimpleNamespace(megatron=SimpleNamespace(param_offload=False))
+    made = module.MegatronRewardModel(
+        config=config, model_config=None, reward_model_module=chunks, hf_config=None, tf_config=None
+    )
+    made.offload_params_to_cpu()
+    return made
+
+
+def _siirl_reward_case(release: str) -> Case:
+    return Case(
+        _siirl_reward,
+        chunks=("plain",),
+        flushes=(),
+        prepare=_siirl(release),
+        reload=_all(lambda reward_model: reward_model.load_params_to_cuda()),
+        needs=f"siirl-{release}",
+    )
+
+
 # --- SkyRL, RLinf, ChatLearn -------------------------------------------------------------------------
 
 
@@ -335,6 +366,16 @@ CASES: dict[str, Case] = {
         reload=_all(lambda manager: manager.onload_weights()),
     ),
     "chatlearn-inference": Case(_chatlearn(lambda m, chunks: m.InferenceMemoryManager(chunks)), chunks=("plain",)),
+    "siirl": Case(
+        _function,
+        chunks=("ddp", "plain"),  # the actor in DDP, the reference model plain (siiRL's `else` branch)
+        flushes=(),
+        prepare=_siirl("0.2.0"),
+        reload=_verl_reload,  # siiRL's copy of verl's reload, the same name and signature
+        needs="siirl-0.2.0",
+    ),
+    "siirl-reward": _siirl_reward_case("0.2.0"),
+    "siirl-reward-0.1": _siirl_reward_case("0.1.0.post1"),
     "relax": Case(
         _method(lambda m, chunks: m.MegatronTrainRayActor(SimpleNamespace(offload_train=True), chunks), "sleep"),
         chunks=("ddp", "ddp"),

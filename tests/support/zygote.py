@@ -26,7 +26,9 @@ import traceback
 
 PRELOAD = ("torch", "tensordict", "transformers")
 # Never loaded here: a child must import each of these itself, in the order its test decides.
-FORBIDDEN = ("te_offload_shim", "wrapt", "verl", "megatron", "ray", "transformer_engine", "harness", "swift")
+FORBIDDEN = (
+    "te_offload_shim", "wrapt", "verl", "megatron", "ray", "transformer_engine", "harness", "swift", "siirl", "trinity",
+)  # fmt: skip
 
 
 def _check_clean() -> list[str]:

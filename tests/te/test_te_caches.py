@@ -379,7 +379,8 @@ def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
 
 class _PrimaryWeight(te.Float8TensorV2):
     """An FP8 primary weight with TE's `update_usage` contract (tensor/storage/float8_tensor_storage.py):
-    `columnwise_usage=False` drops `_transpose`. TE's real class is exercised in tests/te/test_te_real.py."""
+    `columnwise_usage=False` drops `_transpose`; nothing else, so the shim falls back to it (TE's real
+    classes, and TE's own clear_columnwise_cache / remove_caches, are exercised in tests/te/test_te_real.py)."""
 
     def update_usage(self, rowwise_usage: Any = None, columnwise_usage: Any = None) -> None:
         if columnwise_usage is False:
@@ -408,6 +409,7 @@ def test_fp8_primary_weight_transpose_dropped_only_where_te_rebuilds_it_and_neve
     assert (report.primary_weight_cleared, report.primary_weight_bytes) == (
         (transpose_bytes, 0) if dropped else (0, transpose_bytes)
     )
+    assert report.primary_weight_dropped_by == ("update_usage" if dropped else None)
 
 
 def test_storage_shared_across_counting_passes_counts_once_and_the_collector_is_left_as_found() -> None:
