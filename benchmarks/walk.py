@@ -3,7 +3,7 @@
 
 The reference does `getattr(submodule, "_fp8_workspaces", None)` for every module of
 `model_chunk.modules()`; on a module that is not a TE layer that goes through
-`nn.Module.__getattr__`, which raises inside. Ours reads instance dicts (te_caches._walk).
+`nn.Module.__getattr__`, which raises inside. Ours reads instance dicts (te/walk.py).
 
 Both clear the same tree: one MoE-like module tree, named like megatron-core's GPT layers with
 TE's modules as stand-ins (harness/te_standins.py), refilled with the very same cache values
@@ -131,7 +131,8 @@ TREES: dict[str, Callable[[int], tuple[nn.Module, list[tuple[dict, dict]]]]] = {
 def measure(modules: int, repeats: int, tree: str = "moe") -> dict[str, Any]:
     from verl.utils.megatron_utils import _clear_te_fp8_weight_workspaces as reference
 
-    from te_offload_shim.te.caches import _walk, clear_fp8_workspaces
+    from te_offload_shim.te.caches import clear_fp8_workspaces
+    from te_offload_shim.te.walk import walk as _walk
 
     root, refills = TREES[tree](modules)
     n_modules = sum(1 for _ in root.modules())
@@ -150,7 +151,7 @@ def measure(modules: int, repeats: int, tree: str = "moe") -> dict[str, Any]:
 
     # Ours exactly as the wrapper calls it: a list of chunks. The reference per chunk, as verl does.
     figures = ab(lambda: clear_fp8_workspaces([root]), lambda: reference(root), repeats, refill, check)
-    # Where our time goes: the tree walk alone (te_caches._walk, no accounting, no clearing).
+    # Where our time goes: the tree walk alone (te/walk.py, no accounting, no clearing).
     walk_only = ab(lambda: _walk(root), lambda: reference(root), max(3, repeats // 2), refill)
     refill()
     report = clear_fp8_workspaces([root])
@@ -188,7 +189,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                     "clearing walk",
                     f"{label}: {m['modules']:,} modules: walk only",
                     m["walk_only"],
-                    note="te_caches._walk alone (no accounting, no clearing) vs the same reference",
+                    note="te/walk.py alone (no accounting, no clearing) vs the same reference",
                 )
             )
     return {"benchmark": "walk", "quick": quick, "rows": rows, "cases": cases}

@@ -7,6 +7,11 @@ that serves every `transformer_engine*` module as a permissive stand-in: any att
 class (so it can be subclassed, called, used in `isinstance`), with a plausible `__version__`.
 Nothing here implements TE; a test that reached TE code through it would fail loudly.
 
+`serve("flash_attn")` serves another top-level package (and not TE), for the same
+reason: a CUDA-only package that cannot be installed here, imported at the top of a framework's
+module whose offload never calls it (siiRL's workers import `flash_attn.bert_padding`, Trinity-RFT's
+Megatron workers `import vllm` for its side effect on NCCL). Only TE's modules get a `__version__`.
+
 Only for tests whose code path is known not to call TE: the FP8 caches themselves are the layout
 stand-ins of `harness/te_standins.py`.
 """
@@ -20,7 +25,8 @@ import types
 from typing import Any
 
 VERSION = "2.14.0"  # a TE release with `_fp8_workspaces`; megatron-core 0.16 gates features on it
-_PREFIXES = ("transformer_engine", "transformer_engine_torch")
+_TE = ("transformer_engine", "transformer_engine_torch")
+_served: set[str] = set()  # the top-level package names the finder answers for
 
 
 class _AnyMeta(type):
@@ -47,14 +53,15 @@ class _Module(types.ModuleType):
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname.split(".")[0] not in _PREFIXES:
+        if fullname.split(".")[0] not in _served:
             return None
         return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         module = _Module(spec.name)
         module.__path__ = []
-        module.__version__ = VERSION  # type: ignore[attr-defined]
+        if spec.name.split(".")[0] in _TE:
+            module.__version__ = VERSION  # type: ignore[attr-defined]
         return module
 
     def exec_module(self, module: types.ModuleType) -> None:
@@ -66,5 +73,11 @@ FINDER = _Finder()
 
 def install() -> None:
     """Serve `transformer_engine*` from the stand-in (first on the meta path; idempotent)."""
+    serve(*_TE)
+
+
+def serve(*packages: str) -> None:
+    """Serve these top-level packages and their submodules from the stand-in (TE only if named)."""
+    _served.update(packages)
     if FINDER not in sys.meta_path:
         sys.meta_path.insert(0, FINDER)

@@ -13,7 +13,7 @@ Imports the release's real code (harness/te_import.py), then:
   source, `make_graphed_callables` marks (made by the real imported graph module);
 - FP8 primary weights: a real `Float8Tensor` parameter with a transpose, reported and cleared or not.
 
-tests/test_te_real.py runs this once per release and asserts on the record.
+tests/te/test_te_real.py runs this once per release and asserts on the record.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 ROWS, COLS = 64, 128  # distinct dims, so a transposed or misplaced tensor would show
 
 # Where each value class may live, by release era: (module under transformer_engine, class name).
-# A release has the classes whose module and name exist in it; tests/test_te_real.py checks that
+# A release has the classes whose module and name exist in it; tests/te/test_te_real.py checks that
 # against te_releases.BOUNDARIES.
 VALUE_CLASSES = {
     "Float8Tensor": ("pytorch.float8_tensor", "pytorch.tensor.float8_tensor"),
@@ -348,6 +348,10 @@ def probe_primary_weights(torch: Any) -> dict[str, Any]:
     `fp8_model_init` does); what the shim reports of its transpose / columnwise copy."""
     from te_offload_shim.te.caches import clear_fp8_workspaces, scan
 
+    # Making a quantized tensor a parameter detaches it, and TE 2.4 - 2.12's `make_like` then builds
+    # the wrapper on `torch.cuda.current_device()` (quantized_tensor.py): answered as the CPU, the one
+    # device here (this probe runs in a process of its own).
+    torch.cuda.current_device = lambda: "cpu"
     classes = {name: _find_class(name) for name in VALUE_CLASSES}
     out: dict[str, Any] = {}
     for name in ("Float8Tensor", "MXFP8Tensor", "Float8BlockwiseQTensor", "NVFP4Tensor"):
@@ -375,6 +379,7 @@ def probe_primary_weights(torch: Any) -> dict[str, Any]:
         cleared = clear_fp8_workspaces(torch.nn.Sequential(layer), strict=False)
         record["clear"] = {
             "cleared": cleared.primary_weight_cleared,
+            "dropped_by": cleared.primary_weight_dropped_by,
             "left": cleared.primary_weight_bytes,
             "errors": cleared.errors,
             "copies_kept": [a for a in _COPY_ARGS if a in maker.by_name and _holds(param, maker.by_name[a])],

@@ -17,7 +17,7 @@ DEPS = REPO / ".deps"
 # them needs only the Python side of triton, nothing runs).
 PYDEPS = (DEPS / "te-pydeps", DEPS / "triton")
 
-# (release, pip requirement); the list in scripts/setup-env.sh must match (tests/test_te_real.py checks).
+# (release, pip requirement); the list in scripts/setup-env.sh must match (tests/te/test_te_real.py checks).
 PIP = {
     "1.9.0": "1.9.0.post1",
     "1.13.0": "1.13.0",
@@ -47,11 +47,11 @@ def key(release: str) -> tuple[int, ...]:
     return tuple(int(p) for p in release.split(".")[:3])
 
 
-# --- what each release has (checked against the real release by tests/test_te_real.py) ----------
+# --- what each release has (checked against the real release by tests/te/test_te_real.py) -------
 
 MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear")
 # The fields holding a value's bytes, by class family (harness/te_standins.py builds its stand-ins
-# with these names; tests/test_te_real.py checks them against the real classes of every release).
+# with these names; tests/te/test_te_real.py checks them against the real classes of every release).
 FIELDS = {
     "Float8Tensor": ("_data", "_transpose", "_scale_inv"),
     "Float8BlockwiseQTensor": ("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"),
@@ -127,7 +127,7 @@ def cached(release: str) -> tuple[str, ...]:
 
 
 def markdown() -> str:
-    """The README's table of TE releases (README.md embeds it verbatim; a test compares)."""
+    """The table of TE releases in docs/te-releases.md (embedded there verbatim; a test compares)."""
     rows = [
         "| TE release (wheel tested) | cache filled by | value classes cached (tensor / base or storage) "
         "| cache keys | `make_graphed_callables` marks on the module |",

@@ -1,6 +1,6 @@
 """Stand-ins for Transformer Engine's weight caches, for what cannot use TE's real classes.
 
-TE's real Python code is tested release by release in tests/test_te_real.py (harness/te_import.py
+TE's real Python code is tested release by release in tests/te/test_te_real.py (harness/te_import.py
 imports it from the PyPI wheels). These remain for two reasons only:
 - TE before 1.9 has no wheel with its Python code, and TE 1.x's `Float8Tensor` cannot be built on
   CPU at all (its constructor moves the data with `.cuda()`): `Float8TensorV1`, `attach_legacy`;

@@ -4,13 +4,22 @@
 # venv and wrapt 1.x in a folder of its own; then one small venv (wrapt, pytest) per other
 # supported CPython found (3.10, 3.12, 3.13), for the smoke pass of scripts/test.sh (tests/smoke).
 # Idempotent: a second run only checks the stamps. Prints each step as "setup-env: [k/n] what".
+#   scripts/setup-env.sh [--no-smoke]   --no-smoke: stop after the main environment: no smoke venvs, no
+#   framework wheels only the tests import (steps 13, 14; demo/run.sh needs neither)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 STAMP=.venv/.te-offload-shim-env-v4
 SMOKE_MINORS=(10 12 13)
 SMOKE_STAMP=.te-offload-shim-smoke-v1  # inside each .deps/py3.X
-STEPS=12
+STEPS=14
+SMOKE=1
+for arg in "$@"; do
+  case $arg in
+    --no-smoke) SMOKE=0 ;;
+    *) echo "setup-env: unknown argument $arg (usage: scripts/setup-env.sh [--no-smoke])" >&2; exit 2 ;;
+  esac
+done
 step() { echo "setup-env: [$1/$STEPS] $2"; }
 pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
 
@@ -71,6 +80,20 @@ else
   touch "$STAMP"
 fi
 
+# Its own step, checked by its own file: an environment built before it was added gains it without
+# rebuilding the steps above.
+if [[ -x .venv/bin/lint-imports ]]; then
+  step 12 "import-linter: present"
+else
+  step 12 "import-linter (lint-imports: the layer contracts in pyproject.toml)"
+  pip import-linter==2.17
+fi
+
+if [[ $SMOKE == 0 ]]; then
+  step 13-14 "smoke venvs and the tests' framework wheels: skipped (--no-smoke)"
+  exit 0
+fi
+
 # python3.X from PATH, else the newest pyenv 3.X, if it really is 3.X
 find_python() {
   local minor=$1 exe
@@ -82,7 +105,7 @@ find_python() {
   return 0
 }
 
-step 12 "smoke venvs (wrapt 2.x, pytest) for CPython ${SMOKE_MINORS[*]/#/3.} -> .deps/py3.X"
+step 13 "smoke venvs (wrapt 2.x, pytest) for CPython ${SMOKE_MINORS[*]/#/3.} -> .deps/py3.X"
 for minor in "${SMOKE_MINORS[@]}"; do
   dir=.deps/py3.$minor
   [[ -f $dir/$SMOKE_STAMP ]] && continue
@@ -96,3 +119,21 @@ for minor in "${SMOKE_MINORS[@]}"; do
   "$dir/bin/python" -m pip install -q --disable-pip-version-check "wrapt>=2,<3" pytest
   touch "$dir/$SMOKE_STAMP"
 done
+
+# siiRL and Trinity-RFT, the real wheels, each --no-deps in a folder of its own (tests/integrations), and
+# in one shared folder each what their modules need to import here. Checked by folder, not by $STAMP,
+# so that an environment built before this step only gains it. flash_attn (siiRL's workers) and vllm
+# (Trinity-RFT's) have no wheel that imports on a CPU machine: harness/te_import_only.py serves them.
+step 14 "siiRL 0.2.0 and 0.1.0.post1, Trinity-RFT 0.6.0 and 0.5.2, and their import dependencies"
+for v in 0.2.0 0.1.0.post1; do
+  [[ -d .deps/siirl-$v/siirl ]] && continue
+  pip --no-deps --target ".deps/siirl-$v" "siirl==$v"
+  rm -rf ".deps/siirl-$v/tests" ".deps/siirl-$v/docs" ".deps/siirl-$v/examples"  # top-level folders of the repo, not siirl
+done
+[[ -d .deps/siirl-pydeps/hydra ]] || pip --no-deps --target .deps/siirl-pydeps loguru==0.7.3 hydra-core==1.3.2 \
+    antlr4-python3-runtime==4.9.3
+for v in 0.6.0 0.5.2; do
+  [[ -d .deps/trinity-rft-$v/trinity ]] || pip --no-deps --target ".deps/trinity-rft-$v" "trinity-rft==$v"
+done
+[[ -d .deps/trinity-pydeps/tensorboard ]] || pip --no-deps --target .deps/trinity-pydeps tensorboard==2.21.0 \
+    absl-py==2.5.1 torchdata==0.11.0

@@ -6,17 +6,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-env.sh
-echo "--- ruff, ruff format, mypy"
+echo "--- ruff, ruff format, mypy, lint-imports"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy  # pyproject.toml [tool.mypy] files: the package, tests (less tests/mirrors), harness, benchmarks, demo
+.venv/bin/lint-imports --no-cache  # the layer contracts, pyproject.toml [tool.importlinter] (docs/architecture.md)
 echo "--- the suite (pytest -n 2)"
-# loadgroup: the tests of one xdist_group (tests/test_te_real.py, which share one probe run) on one worker
+# loadgroup: the tests of one xdist_group (tests/te/test_te_real.py, which share one probe run) on one worker
 .venv/bin/python -m pytest -n 2 --dist loadgroup -q "$@"
 if [[ $# -eq 0 ]]; then
   echo "--- the wrapper's own tests again under wrapt 1.x ($(ls -d .deps/wrapt-1/wrapt-*.dist-info | sed 's/.*wrapt-\(.*\)\.dist-info/\1/'))"
   TEST_PYTHONPATH_PREFIX="$PWD/.deps/wrapt-1" TEST_EXPECT_WRAPT_MAJOR=1 .venv/bin/python -m pytest -n 2 -q \
-    tests/hostile/test_wrapper_transparency.py tests/test_import_order.py tests/test_verl.py::test_shim_imported_before_verl \
+    tests/hostile/test_wrapper_transparency.py tests/engine/test_import_order.py \
+    tests/integrations/test_verl.py::test_shim_imported_before_verl \
     -k "wrapper_transparency or pickling or reload or wrapt_in_use or [patch-import] or [import-patch-unpatch-patch] or test_shim_imported_before_verl"
   echo "--- smoke: the standard-library parts on CPython 3.10, 3.12, 3.13 (tests/smoke, venvs in .deps/py3.X)"
   scripts/smoke.sh

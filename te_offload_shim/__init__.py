@@ -32,13 +32,26 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-    from te_offload_shim.api import clear_fp8_workspaces, ray_setup, residue, scan, stats, status, uninstall
-    from te_offload_shim.engine.status import Stats, Status, TargetRow, TargetState
-    from te_offload_shim.integrations.targets import Target
+    from te_offload_shim.engine.schema import Target
+    from te_offload_shim.engine.states import Stats, Status, TargetRow, TargetState
     from te_offload_shim.reports.residue import ResidueReport
-    from te_offload_shim.te.caches import CacheReport, ShimError, Skipped
+    from te_offload_shim.te.report import CacheReport, ShimError, Skipped
 
     Callback = Callable[[ModuleType], None]
+
+    # The functions of `api`, as type checkers see them here (`__getattr__` loads the real ones).
+    # Declared rather than imported: `api` reads this module's install state, so even a type-only
+    # import of it would make a cycle; the modules above, imported for their types, never import this
+    # one. tests/startup/test_layout.py checks that these say what api.py's own signatures say.
+    def uninstall() -> int: ...
+    def status() -> Status: ...
+    def stats() -> Stats: ...
+    def clear_fp8_workspaces(models: object, *, strict: bool | None = None) -> CacheReport: ...
+    def scan(models: object) -> CacheReport: ...
+    def residue(models: object, *, device_type: str | None = None) -> ResidueReport: ...
+    def ray_setup() -> None: ...
+    def all_targets() -> tuple[Target, ...]: ...
+
 
 __version__ = "0.4.0"
 __all__ = [
@@ -62,7 +75,7 @@ __all__ = [
 ]
 
 # The modules the entries of the built-in table (integrations/targets.py) live in. Written out so
-# that start-up does not load the table; tests/test_layout.py fails when the two disagree.
+# that start-up does not load the table; tests/startup/test_layout.py fails when the two disagree.
 BUILTIN_MODULES = (
     "verl.utils.megatron_utils",
     "megatron.core.distributed.param_and_grad_buffer",
@@ -80,16 +93,28 @@ BUILTIN_MODULES = (
     "rlinf.hybrid_engines.megatron.megatron_model_manager",
     "chatlearn.models.megatron.memory_manager.trainer",
     "chatlearn.models.megatron.memory_manager.inference",
+    "siirl.utils.megatron.megatron_utils",
+    "siirl.engine.reward_model.megatron.reward_model",
+    "siirl.workers.reward_model.megatron.reward_model",
     "relax.backends.megatron.actor",
     "relax.backends.megatron.weight_update.train_offload",
 )
-# Watched as well, each handed to its function in integrations/ray.py.
-_RAY_MODULES = {
-    "ray": "on_ray_import",  # ray.init gains our worker setup hook
-    "ray._private.function_manager": "on_function_manager_import",  # Ray's actor-class loaders
+# What runs when a watched module has been imported: `module:function`, called with the module,
+# named rather than imported (as wrapt's string hooks are), so that start-up loads none of them.
+# Ray's come first: integrations/ray.py tells the engine how to see through a `@ray.remote` class
+# when it loads, which must happen before a table module that imports Ray has its targets patched
+# (`install()` runs the callbacks of modules imported before it in this order).
+_PATCH_TARGETS = "te_offload_shim.api:on_target_import"
+WATCH = {
+    "ray": "te_offload_shim.integrations.ray:on_ray_import",  # ray.init gains our worker setup hook
+    "ray._private.function_manager": "te_offload_shim.integrations.ray:on_function_manager_import",  # actor classes
+    **dict.fromkeys(BUILTIN_MODULES, _PATCH_TARGETS),
 }
+_watched: "dict[str, str]" = {}  # WATCH plus the modules of TE_OFFLOAD_SHIM_TARGETS, as installed
+_READ_SWITCHES = "te_offload_shim.integrations.user_targets:read_at_install"
 
-# --- install --------------------------------------------------------------------------------------
+# --- install, and the install state (this module is its one owner; others read it through the
+# functions below) ---------------------------------------------------------------------------------
 
 _lock = _thread.RLock()  # serialises install and uninstall; replaced in a forked child (end of file)
 _installed = False
@@ -103,7 +128,7 @@ def install() -> bool:
 
     Idempotent and thread-safe; never waits for another thread's import. Returns False when
     `TE_OFFLOAD_SHIM=0`."""
-    global _installed, _user_targets
+    global _installed, _user_targets, _watched
     switches: ModuleType | None = None
     if _any_switch_set():  # with none set the defaults hold, and `_switches` need not load
         from te_offload_shim import _switches
@@ -114,17 +139,43 @@ def install() -> bool:
     with _lock:
         if _installed:
             return True
-        _user_targets = () if switches is None else switches.read_at_install(_problems)
+        _user_targets = ()
+        # Only a switch that names targets needs the table (or a bad value, a warning): most do not.
+        if switches is not None and (
+            switches.user_targets() or switches.disabled_targets() or switches.switch_problems(())
+        ):
+            _user_targets = _resolve(_READ_SWITCHES)(_problems)
         _installed = True  # what engine.registry.active() reads: patches may land from here on
-        names = [*BUILTIN_MODULES, *_RAY_MODULES]
+        watched = dict(WATCH)
         for target in _user_targets:
-            names.append(target.module)
-        _watcher.watch(_on_import, *names)
+            watched.setdefault(target.module, _PATCH_TARGETS)
+        _watched = watched  # replaced, never edited: a callback on another thread may be reading it
+        _watcher.watch(_on_import, *watched)
     return True
 
 
 def installed() -> bool:
     return _installed
+
+
+def _state() -> "tuple[bool, tuple[Target, ...], list[str], list[str]]":
+    # For api.py: (installed, user targets, ignored TE_OFFLOAD_SHIM_TARGETS entries, hook errors).
+    return _installed, _user_targets, list(_problems), list(_hook_errors)
+
+
+def _uninstall(restore: "Callable[[BaseException | None], int]") -> int:
+    # The state half of api.uninstall(), under the install lock: the flag first (engine.registry
+    # reads installed() under its own lock, so a patch in flight lands before and is undone, or does
+    # not land), then the watcher; `restore(error of unwatching, or None)` last, under the lock still.
+    global _installed
+    with _lock:
+        _installed = False
+        error = None
+        try:
+            _load_firing().unwatch_all()
+        except Exception as exc:
+            error = exc
+        return restore(error)
 
 
 def _any_switch_set() -> bool:
@@ -142,16 +193,16 @@ def _any_switch_set() -> bool:
 
 
 def _on_import(module: "ModuleType") -> None:
-    name = module.__name__
-    if name in _RAY_MODULES:
-        from te_offload_shim.integrations import ray
+    spec = getattr(module, "__spec__", None)
+    name = spec.name if spec is not None else module.__name__
+    _resolve(_watched.get(name, _PATCH_TARGETS))(module)
 
-        getattr(ray, _RAY_MODULES[name])(module)
-        return
-    from te_offload_shim.api import all_targets
-    from te_offload_shim.engine.status import on_target_import
 
-    on_target_import(module, all_targets())
+def _resolve(spec: str) -> "Any":
+    # `module:function` of ours, imported now (never inside find_spec: callbacks run after the body).
+    name, _, function = spec.partition(":")
+    __import__(name)
+    return getattr(sys.modules[name], function)
 
 
 # --- the rest of the public names: loaded on first use (PEP 562) ----------------------------------
@@ -165,14 +216,14 @@ _EXPORTS = {
     "scan": "te_offload_shim.api",
     "stats": "te_offload_shim.api",
     "status": "te_offload_shim.api",
-    "CacheReport": "te_offload_shim.te.caches",
-    "Skipped": "te_offload_shim.te.caches",
-    "ShimError": "te_offload_shim.te.caches",
+    "CacheReport": "te_offload_shim.te.report",
+    "Skipped": "te_offload_shim.te.report",
+    "ShimError": "te_offload_shim.te.report",
     "ResidueReport": "te_offload_shim.reports.residue",
-    "Status": "te_offload_shim.engine.status",
-    "Stats": "te_offload_shim.engine.status",
-    "TargetRow": "te_offload_shim.engine.status",
-    "TargetState": "te_offload_shim.engine.status",
+    "Status": "te_offload_shim.engine.states",
+    "Stats": "te_offload_shim.engine.states",
+    "TargetRow": "te_offload_shim.engine.states",
+    "TargetState": "te_offload_shim.engine.states",
 }
 
 
@@ -180,9 +231,7 @@ def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'te_offload_shim' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(module), name)
+    value = _resolve(f"{module}:{name}")
     globals()[name] = value  # from now on a plain attribute
     return value
 
@@ -191,11 +240,11 @@ def __dir__() -> "list[str]":
     return sorted({*globals(), *_EXPORTS})
 
 
-# --- the post-import hook, first half: noticing -------------------------------------------------
+# --- the post-import hook, the half that notices -------------------------------------------------
 #
 # `_watcher` runs callbacks right after a named module finishes executing. It is split in two: the
 # half here must be on `sys.meta_path` from the start, and notices a watched module; `_firing`
-# arranges for its callbacks and runs them, and loads the first time a watched module turns up.
+# attaches its callbacks to the import and runs them, and loads the first time a watched module turns up.
 # What the two promise, and how:
 #
 # - Nothing blocks on another thread's import, and nothing imports, executes or forces the load of
@@ -245,7 +294,7 @@ class _Watcher:
                 self._to_front()
         for name in dict.fromkeys(names):  # a user target may repeat a built-in module
             if name in sys.modules:
-                firing = _second_half(name)
+                firing = _firing_or_none(name)
                 if firing is not None:
                     firing.arrived(name, callback)
 
@@ -257,9 +306,9 @@ class _Watcher:
             with self.lock:
                 if self.callbacks:
                     self._to_front()
-        due = bool(self.missed())
+        unseen = bool(self.loaded_unseen())
         watched = fullname in self.callbacks
-        if not watched and not due:
+        if not watched and not unseen:
             return None
         key = (_thread.get_ident(), fullname)
         if key in self.searching:
@@ -269,10 +318,10 @@ class _Watcher:
             spec = _bootstrap._find_spec(fullname, path, target)  # type: ignore[attr-defined]
         finally:
             self.searching.discard(key)
-        firing = None if spec is None else _second_half(fullname)
+        firing = None if spec is None else _firing_or_none(fullname)
         if firing is not None:
             try:
-                firing.arrange(spec, fullname, watched, due)
+                firing.attach(spec, fullname, watched, unseen)
             except Exception as exc:  # the module loads unwatched; status() shows why
                 _failed(fullname, exc)
         return spec
@@ -285,7 +334,7 @@ class _Watcher:
                 meta_path.append(finder)
         sys.meta_path = meta_path
 
-    def missed(self) -> "list[tuple[str, ModuleType]]":
+    def loaded_unseen(self) -> "list[tuple[str, ModuleType]]":
         # Watched modules loaded without our loader seeing them. One still executing gets its spec
         # tagged (its callbacks run when it finishes); the finished ones are returned, for
         # `_firing.sweep` to fire (never from inside find_spec).
@@ -298,7 +347,7 @@ class _Watcher:
             if d is None:
                 continue
             if initializing:
-                firing = _second_half(name)
+                firing = _firing_or_none(name)
                 if firing is not None:
                     firing.tag(d.get("__spec__"))
             else:
@@ -335,7 +384,7 @@ def _module_state(module: object) -> "tuple[dict | None, bool]":
         return None, False
 
 
-def _second_half(name: str) -> "Any":
+def _firing_or_none(name: str) -> "Any":
     # `_firing` for the watcher's own use, or None where it cannot load (a broken install): `name`
     # then loads unwatched, and status() says why. Nothing raises into an import or install().
     try:

@@ -1,8 +1,9 @@
-"""The post-import hook, second half: arranging for a watched module's callbacks, and running them.
+"""The post-import hook, the half that fires: attaching a watched module's callbacks to its import,
+and running them.
 
 The first half is `_Watcher` in `te_offload_shim/__init__.py`, on the start-up path: the meta path
 finder that notices a watched module. It loads this module the first time one turns up, and hands
-it the module's spec (`arrange`): the spec's loader is chained, or the spec is tagged, so that
+it the module's spec (`attach`): the spec's loader is chained, or the spec is tagged, so that
 `fire` runs right after the module's body.
 
 - The callbacks run once per module object (a new module object, or a reload, runs them again).
@@ -38,11 +39,11 @@ _module_state = _shim._module_state
 _ModuleSpec = _bootstrap.ModuleSpec
 
 
-def arrange(spec: "Any", name: str, watched: bool, due: bool) -> None:
+def attach(spec: "Any", name: str, watched: bool, unseen: bool) -> None:
     """Called by the finder with the spec of the import under way: `watched` when it is a watched
-    module (its loader gets chained), `due` when a watched module was missed (the spec is tagged,
-    and what was missed fires when this import ends)."""
-    if due:
+    module (its loader gets chained), `unseen` when a watched module loaded without our loader
+    seeing it (the spec is tagged, and that module fires when this import ends)."""
+    if unseen:
         tag(spec)
     loader = spec.loader
     if watched and loader is not None and not isinstance(loader, _Chained):
@@ -190,7 +191,7 @@ def _ready(module: object) -> bool:
 def sweep() -> None:
     """Fire every watched module that finished loading without our loader seeing it (`status()`
     calls it too)."""
-    for name, module in _watcher.missed():
+    for name, module in _watcher.loaded_unseen():
         try:
             fire(name, module)
         except Exception as exc:
@@ -217,7 +218,7 @@ def report(name: str, exc: BaseException) -> None:
 def _hook_error(module: str, exc: BaseException) -> None:
     from te_offload_shim._log import warn_once
 
-    _shim._hook_errors.append(f"{module}: {type(exc).__name__}: {exc}")
+    _shim._failed(module, exc)  # for status(): the install state has one owner
     warn_once(f"hook:{module}", "te_offload_shim: patching %s failed (%s); it runs unpatched", module, repr(exc))
 
 

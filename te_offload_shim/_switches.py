@@ -3,15 +3,13 @@
 Read at call time rather than import time: `TE_OFFLOAD_SHIM=0` or `TE_OFFLOAD_SHIM_DISABLE` set in
 a running process leaves the next offload alone, and `TE_OFFLOAD_SHIM_STRICT` takes effect at the
 next call. `TE_OFFLOAD_SHIM=0` at start-up also keeps the shim from installing at all.
-`TE_OFFLOAD_SHIM_TARGETS` is read once, when the shim installs.
+`TE_OFFLOAD_SHIM_TARGETS` is read once, when the shim installs (integrations/user_targets.py).
+
+The package's ground floor: it reads environment variables and imports nothing else, so that every
+module may read a switch (and `import te_offload_shim` can load it at start-up when one is set).
 """
 
 import os
-
-TYPE_CHECKING = False  # the typing module costs milliseconds; this module can load at start-up
-
-if TYPE_CHECKING:
-    from te_offload_shim.integrations.targets import Target
 
 _FALSE = {"0", "false", "no", "off"}
 _TRUE = {"1", "true", "yes", "on"}
@@ -105,29 +103,3 @@ def rank() -> str | None:
     `RANK`, or None outside a distributed job."""
     value = os.environ.get("RANK", "").strip()
     return value or None
-
-
-def read_at_install(problems: list[str]) -> "tuple[Target, ...]":
-    """The user targets of TE_OFFLOAD_SHIM_TARGETS, as `install()` takes them; a warning for each
-    entry and each switch we cannot use. `problems` is refilled with the ignored entries."""
-    user: tuple[Target, ...] = ()
-    warnings: list[tuple[str, str]] = []  # (warn-once key, text)
-    if user_targets():
-        from te_offload_shim.integrations.targets import parse_user_targets
-
-        parsed, ignored = parse_user_targets(user_targets())
-        user = tuple(parsed)
-        problems[:] = ignored
-        warnings += [(f"user-target:{p}", f"ignoring {TARGETS} entry {p}") for p in ignored]
-    names: tuple[str, ...] = ()
-    if disabled_targets():  # the names it holds are checked against the table's
-        from te_offload_shim.integrations.targets import BUILTIN
-
-        names = tuple(t.name for t in (*BUILTIN, *user))
-    warnings += [(f"switch:{p}", p) for p in switch_problems(names)]
-    if warnings:  # logging is imported only when there is something to say
-        from te_offload_shim._log import warn_once
-
-        for key, text in warnings:
-            warn_once(key, "te_offload_shim: %s", text)
-    return user

@@ -1,24 +1,27 @@
 """The functions a user calls: `uninstall`, `status`, `stats`, `scan`, `clear_fp8_workspaces`,
-`residue`, `ray_setup` (and `all_targets`).
+`residue`, `ray_setup` (and `all_targets`); and `on_target_import`, which the start-up's watch table
+names for the table's modules.
 
 The package exports each of them (`te_offload_shim.status()`), and this module loads on the first
 use of one: not at start-up. `install` and `installed` are in the package itself, which runs
-`install()` when imported. Each function imports what it needs when called, so that asking for
-`status()` never imports torch or a framework.
+`install()` when imported and owns the install state: read here through its functions. Each
+function imports what it needs when called, so that asking for `status()` never imports torch or a
+framework.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 import te_offload_shim as _shim
 
 if TYPE_CHECKING:
-    from te_offload_shim.engine.status import Stats, Status
-    from te_offload_shim.integrations.targets import Target
+    from types import ModuleType
+
+    from te_offload_shim.engine.schema import Target
+    from te_offload_shim.engine.states import Stats, Status
     from te_offload_shim.reports.residue import ResidueReport
-    from te_offload_shim.te.caches import CacheReport
+    from te_offload_shim.te.report import CacheReport
 
 
 def uninstall() -> int:
@@ -27,43 +30,51 @@ def uninstall() -> int:
 
     Returns how many patched attributes were restored; never raises. No patch lands after it
     returns. `install()` works again afterwards."""
-    from te_offload_shim._log import warn_once
+    return _shim._uninstall(_restore)
 
-    with _shim._lock:
-        # The flag lives in the package: install() and engine.registry.active() read it there.
-        _shim._installed = False
-        try:
-            _shim._load_firing().unwatch_all()
-        except Exception as exc:
-            warn_once("uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", exc)
-        registry = sys.modules.get("te_offload_shim.engine.registry")
-        deactivate = getattr(registry, "deactivate", None)
-        if deactivate is None:
-            return 0  # no patch was ever made (or the first one is still importing: it will see the flag)
-        restored, errors = deactivate()
-        for error in errors:
-            warn_once(f"uninstall:{error}", "te_offload_shim: uninstall could not restore %s", error)
-        return restored
+
+def _restore(unwatch_error: BaseException | None) -> int:
+    from te_offload_shim._log import warn_once
+    from te_offload_shim.engine import registry
+
+    if unwatch_error is not None:
+        warn_once(
+            "uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", unwatch_error
+        )
+    restored, errors = registry.deactivate()
+    for error in errors:
+        warn_once(f"uninstall:{error}", "te_offload_shim: uninstall could not restore %s", error)
+    return restored
 
 
 def all_targets() -> tuple[Target, ...]:
     """The built-in table plus `TE_OFFLOAD_SHIM_TARGETS`, as installed (or as they would be)."""
-    from te_offload_shim.integrations.targets import BUILTIN, parse_user_targets
+    from te_offload_shim.integrations.targets import BUILTIN
 
-    if _shim._installed:
-        return (*BUILTIN, *_shim._user_targets)
+    installed, user_targets, _, _ = _shim._state()
+    if installed:
+        return (*BUILTIN, *user_targets)
     from te_offload_shim import _switches
+    from te_offload_shim.engine.schema import parse_user_targets
 
     return (*BUILTIN, *parse_user_targets(_switches.user_targets())[0])
 
 
+def on_target_import(module: ModuleType) -> None:
+    """The start-up's callback for a target module: patch the targets that live in it."""
+    from te_offload_shim.engine.patch import on_target_import as patch_targets
+
+    patch_targets(module, all_targets())
+
+
 def status() -> Status:
     """What this process has: switches, and for each target whether it is imported and patched."""
-    if _shim._installed:
+    if _shim.installed():
         _shim._load_firing().sweep()
     from te_offload_shim.engine.status import status as status_
 
-    return status_(all_targets(), _shim._installed, list(_shim._problems), list(_shim._hook_errors))
+    installed, _, problems, hook_errors = _shim._state()
+    return status_(all_targets(), installed, problems, hook_errors, _shim.__version__)
 
 
 def stats() -> Stats:

@@ -7,9 +7,11 @@ is what lets `status --import` report what a real process would get.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from te_offload_shim import _switches
@@ -29,7 +31,11 @@ def _enable(args: argparse.Namespace) -> int:
 
 
 def _disable(args: argparse.Namespace) -> int:
-    what, path = pth.disable(args.site)
+    try:
+        what, path = pth.disable(args.site)
+    except pth.SiteError as exc:
+        print(f"te-offload-shim disable: {exc}", file=sys.stderr)
+        return 1
     print(f"te-offload-shim: {what}: {path}")
     for other in pth.pth_files():
         if other["path"] != path:
@@ -66,16 +72,16 @@ def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[st
 
     Returns the import errors, and what the imports printed or warned (megatron and its friends say
     a lot): held back and shown after the report, not ahead of it."""
-    import contextlib
     import importlib
     import io
     import warnings
 
     errors: dict[str, str] = {}
     said = io.StringIO()
-    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(said):
+    below_python: list[str] = []  # what reached file descriptor 1 itself
+    with _descriptor_1_held(below_python), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # each warning once per place, as Python shows them
-        with contextlib.redirect_stderr(said):
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
             for row in rows:
                 module = row["target"].partition(":")[0]
                 if not row["present"] or module in errors:
@@ -84,9 +90,65 @@ def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[st
                     importlib.import_module(module)
                 except Exception as exc:
                     errors[module] = f"{type(exc).__name__}: {exc}"
-    lines = [line for line in said.getvalue().splitlines() if line.strip()]
+    lines = [line for text in (said.getvalue(), *below_python) for line in text.splitlines() if line.strip()]
     lines += [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
     return errors, list(dict.fromkeys(lines))
+
+
+@contextlib.contextmanager
+def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
+    """Point file descriptor 1 at a scratch file while the targets import, and put what reached it
+    into `sink`: a C extension's printf, a subprocess the import runs, a write to fd 1, none of which
+    Python's `sys.stdout` sees. `status --json` must print one JSON document and nothing else."""
+    _flush_stdout()  # what was written before belongs where it was going
+    try:
+        held = _scratch_file()
+    except OSError:  # nowhere to hold it: leave it as it is
+        yield
+        return
+    with held:
+        try:
+            saved = os.dup(1)
+        except OSError:  # no descriptor 1 (closed by the caller): nothing can reach the report either
+            yield
+            return
+        os.dup2(held.fileno(), 1)
+        try:
+            yield
+        finally:
+            _flush_stdout()  # C's stdio buffer and sys.__stdout__'s still hold the imports' output
+            os.dup2(saved, 1)
+            os.close(saved)
+            held.seek(0)
+            sink.append(held.read().decode("utf-8", "replace"))
+
+
+def _scratch_file() -> Any:
+    """A file that needs no writable folder (a container's read-only root file system may have no
+    usable /tmp): an anonymous memory file where Linux has them, else a temporary file."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return open(os.memfd_create("te-offload-shim-status"), "w+b")
+        except OSError:  # an old kernel, or memfd refused by a seccomp profile
+            pass
+    import tempfile
+
+    return tempfile.TemporaryFile()  # OSError where there is no usable temporary folder either
+
+
+def _flush_stdout() -> None:
+    for stream in (sys.stdout, sys.__stdout__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # a closed or odd stream: its text stays where it is
+            pass
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # every C stdio output stream (printf from an extension)
+    except Exception:  # no C library to ask (not Linux or macOS): nothing buffered there to lose
+        pass
 
 
 def collect(do_import: bool = False) -> dict[str, Any]:
@@ -176,11 +238,8 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
             warnings.append(f"{row['name']}: expected to be patched, state is {state!r}")
         if row["in_supported"] is False and row["would_be_patched"]:
             warnings.append(f"{row['name']}: {row['in_supported_basis']}: a release this entry was not checked on")
-    routes = report["routes"]
-    stale = [p["path"] for p in routes["pth"] if not p["current"]]
-    if stale:
-        warnings.append(f"outdated .pth line (re-run `te-offload-shim enable`): {', '.join(stale)}")
-    return problems, warnings
+    pth_problems, pth_warnings = pth.assess(report["routes"]["pth"])
+    return problems + pth_problems, warnings + pth_warnings
 
 
 _IMPORT_LINES = 20
@@ -203,7 +262,7 @@ def _fixed(row: dict[str, Any]) -> str:
     return f"{answer} (from {row['fixed_in']})" if row["fixed_in"] and row["present"] else answer
 
 
-def _print_report(report: dict[str, Any]) -> None:
+def _print_report(report: dict[str, Any], show_all: bool = False) -> None:
     shim = report["shim"]
     print(f"te-offload-shim {shim['version']} ({shim['path']})")
     print(f"  enabled: {_yes(shim['enabled'])}   strict: {_yes(shim['strict'])}")
@@ -217,7 +276,10 @@ def _print_report(report: dict[str, Any]) -> None:
     if report["imported"]:
         header += ["state", "layers"]
     table = [header]
-    for row in report["targets"]:
+    # What is here (and what would be patched) first; the many targets of frameworks this
+    # environment does not have, one line (every row: --all, or --json).
+    shown, absent = _present_first(report["targets"], show_all)
+    for row in shown:
         cells = [row["name"], _yes(row["present"]), row["version"] or "-", _supported(row)]
         cells += [_fixed(row), _yes(row["would_be_patched"]), _yes(row["disabled"])]
         if report["imported"]:
@@ -226,9 +288,14 @@ def _print_report(report: dict[str, Any]) -> None:
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for cells in table:
         print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    if absent:  # a row of its own, aligned with the table's first two columns
+        names = ", ".join(row["name"] for row in absent)
+        cells = ["others".ljust(widths[0]), "no".ljust(widths[1]), f"{len(absent)} targets: {names} (every row: --all)"]
+        print("  " + "  ".join(cells))
     routes = report["routes"]
     print("activation routes:")
-    files = ", ".join(p["path"] + ("" if p["current"] else " (outdated)") for p in routes["pth"])
+    label = {True: "", False: " (outdated)", None: " (not readable by this user)"}
+    files = ", ".join(p["path"] + label[p["current"]] for p in routes["pth"])
     print(f"  .pth:                      {files or 'no'}")
     print(f"  sitecustomize bootstrap:   {_yes(routes['sitecustomize_bootstrap'])}")
     print(f"  VERL_USE_EXTERNAL_MODULES: {_yes(routes['verl_external_modules'])}")
@@ -253,12 +320,21 @@ def _print_report(report: dict[str, Any]) -> None:
     print("healthy" if report["healthy"] else "UNHEALTHY: " + "; ".join(report["problems"]))
 
 
+def _present_first(rows: list[dict[str, Any]], show_all: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows of the table, rows left to one summary line): the targets present here, and those the
+    switches name (TE_OFFLOAD_SHIM_TARGETS, TE_OFFLOAD_SHIM_DISABLE), first, in the table's order;
+    the others after them with `show_all`, else in the summary."""
+    here = [r for r in rows if r["present"] or r.get("user") or r["disabled"]]
+    elsewhere = [r for r in rows if r not in here]
+    return (here + elsewhere, []) if show_all else (here, elsewhere)
+
+
 def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
     """The route that activates the shim in processes started like this one."""
     found = [
         name
         for name, on in (
-            (".pth", bool(routes["pth"])),
+            (".pth", pth.in_force(routes["pth"])),
             ("sitecustomize bootstrap", routes["sitecustomize_bootstrap"]),
             ("VERL_USE_EXTERNAL_MODULES", routes["verl_external_modules"]),
             ("Ray worker setup hook", routes["ray_worker_setup_hook"]),
@@ -276,7 +352,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=False))
     else:
-        _print_report(report)
+        _print_report(report, show_all=args.all)
     if not report["healthy"]:
         print(f"te-offload-shim: unhealthy: {report['problems'][0]}", file=sys.stderr)
         return 1
@@ -331,7 +407,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     p.set_defaults(func=_run)
     p = command("status")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--json", action="store_true", help="machine-readable output (every target)")
+    p.add_argument("--all", action="store_true", help="list every target, not only those present here")
     p.add_argument(
         "--import", dest="do_import", action="store_true", help="import the targets here and report what got patched"
     )

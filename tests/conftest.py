@@ -9,7 +9,7 @@ Keywords: `env` (added to the child's environment), `verl` (a release put on the
 `activate` (the shim is active from interpreter start, as with `te-offload-shim run`), `fresh`.
 
 The child is forked from a fork server that has imported torch, tensordict and transformers and
-nothing of the shim or the targets (tests/zygote.py says why that is the same start for what these
+nothing of the shim or the targets (tests/support/zygote.py says why that is the same start for what these
 tests check, and saves about two thirds of each child's CPU). `fresh=True` (and `activate=True`)
 starts a really new interpreter: for tests of what start-up itself imports. `TEST_NO_ZYGOTE=1`
 starts every child fresh.
@@ -21,15 +21,18 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+SUPPORT = TESTS / "support"  # helpers: the fork server, verl's case, Ray's head and driver
 DEPS = REPO / ".deps"
 BOOTSTRAP = REPO / "te_offload_shim" / "activation" / "bootstrap"
-MIRRORS = REPO / "tests" / "mirrors"
+MIRRORS = TESTS / "mirrors"
 UNFIXED_VERL = ("0.7.1", "0.8.0")
 FIXED_VERL = ("0.9.1",)
 
@@ -40,7 +43,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "subprocess(env=None, verl=None, timeout=180, args=(), activate=False, fresh=False): run the test in a "
-        "fresh interpreter (forked from tests/zygote.py unless fresh or activate)",
+        "fresh interpreter (forked from tests/support/zygote.py unless fresh or activate)",
     )
 
 
@@ -85,7 +88,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         rc, out = _zygote.run(
             args, env, timeout, basetemp.with_name(basetemp.name + ".out")
         )  # the child empties basetemp
-        where = "an interpreter forked from tests/zygote.py"
+        where = "an interpreter forked from tests/support/zygote.py"
     if rc is None:
         pytest.fail(f"{where} timed out after {timeout} s:\n{out[-4000:]}", pytrace=False)
     if rc != 0:
@@ -104,7 +107,7 @@ def _fresh(args: list[str], env: dict[str, str], timeout: float) -> tuple[int | 
 
 
 class _Zygote:
-    """This worker's fork server (tests/zygote.py), started at its first use."""
+    """This worker's fork server (tests/support/zygote.py), started at its first use."""
 
     def __init__(self) -> None:
         self.proc: subprocess.Popen[str] | None = None
@@ -118,7 +121,7 @@ class _Zygote:
             env = child_env()
             del env["PYTHONPATH"]  # the zygote's own path stays the interpreter's; each child gets its own
             self.proc = subprocess.Popen(
-                [sys.executable, str(REPO / "tests" / "zygote.py")],
+                [sys.executable, str(SUPPORT / "zygote.py")],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
             )  # fmt: skip
         return self.proc
@@ -177,6 +180,16 @@ def use_mirrors(*roots: str) -> None:
     sys.path[:0] = [str(MIRRORS / r) for r in roots] + [str(MIRRORS)]
 
 
+@pytest.fixture(scope="session")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The session's local Ray cluster, shared by the xdist workers (tests/support/ray_session.py says how
+    it keeps the package from its workers unless a job gives it to them)."""
+    from support import ray_session
+
+    base = tmp_path_factory.getbasetemp()
+    yield from ray_session.shared_cluster(base if os.environ.get("PYTEST_XDIST_WORKER") is None else base.parent)
+
+
 def verl_path(version: str) -> Path:
     path = DEPS / f"verl-{version}"
     if not (path / "verl").is_dir():
@@ -185,7 +198,7 @@ def verl_path(version: str) -> Path:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line per Transformer Engine release: how its real-TE tests went (tests/test_te_real.py),
+    """One line per Transformer Engine release: how its real-TE tests went (tests/te/test_te_real.py),
     so CI output shows each release's passes and skips (`-rs` gives the skip reasons)."""
     import re
 
@@ -197,7 +210,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
                 counts = per.setdefault(found.group(1), {"passed": 0, "skipped": 0, "failed": 0})
                 counts[outcome] += 1
     if per:
-        terminalreporter.section("Transformer Engine releases (tests/test_te_real.py)")
+        terminalreporter.section("Transformer Engine releases (tests/te/test_te_real.py)")
         for release in sorted(per, key=lambda r: tuple(int(p) for p in r.split("."))):
             c = per[release]
             terminalreporter.line(f"TE {release}: {c['passed']} passed, {c['skipped']} skipped, {c['failed']} failed")

@@ -1,4 +1,5 @@
 """How the shim gets into a process: the `.pth` line and the sitecustomize bootstrap used by
 `te-offload-shim enable` / `run` (pth, bootstrap/), and the PYTHONSTARTUP file (pythonstartup).
-Ray's worker hook lives with the other Ray code, in integrations/ray.py.
+The setup hook the shim gives Ray workers (ray_worker) is shipped to them by value; when to add it,
+and the rest of Ray, is integrations/ray.py and ray_runtime_env.py.
 """

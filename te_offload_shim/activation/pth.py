@@ -8,9 +8,12 @@ library only; imported by the CLI, never at start-up.
 
 from __future__ import annotations
 
+import errno
 import os
 import site
+import stat
 import sysconfig
+import tempfile
 
 TYPE_CHECKING = False
 
@@ -50,48 +53,92 @@ class SiteError(Exception):
     """A site directory we cannot use; the message is one line for the operator."""
 
 
-def enable(site_dir: str | None = None) -> tuple[str, str]:
-    """Write the .pth file; returns (what happened, path). Idempotent.
+# Every user of the interpreter must be able to read the file: site.py skips a .pth it cannot
+# open without a word, so a 0600 file written under `umask 077` (a hardened root shell, a Slurm
+# prolog) would leave every other user's processes without the shim. Set with fchmod, which
+# the umask does not touch.
+PTH_MODE = 0o644
 
-    A `site_dir` must exist: a typo would otherwise create a folder no interpreter reads and
-    report the shim enabled. Raises SiteError with a one-line reason."""
+
+def _site_directory(site_dir: str | None) -> str:
+    """The directory to write into or remove from. A `site_dir` must exist: a typo would otherwise
+    create a folder no interpreter reads (enable) or report nothing to remove (disable) while the
+    real file stays. Raises SiteError with a one-line reason."""
     directory = os.path.abspath(site_dir or default_site())
     if site_dir is not None and not os.path.exists(directory):
         raise SiteError(f"{directory} does not exist (no interpreter reads .pth files there)")
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise SiteError(f"{directory} is not a directory")
+    return directory
+
+
+def _in_place(path: str) -> bool:
+    """Whether the file at `path` is one we would write: a regular file (not a link planted in its
+    name) that every user can read."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_mode & 0o444 == 0o444
+
+
+def enable(site_dir: str | None = None) -> tuple[str, str]:
+    """Write the .pth file; returns (what happened, path). Idempotent; safe to run from many
+    processes at once (containers sharing one venv volume, nodes sharing an NFS environment, where
+    the processes may even have the same PID). Raises SiteError with a one-line reason."""
+    directory = _site_directory(site_dir)
     path = os.path.join(directory, PTH_NAME)
     try:
-        with open(path, encoding="utf-8") as f:
-            current = f.read()
+        with open(path, "rb") as f:
+            current: bytes | None = f.read()  # bytes: a file that is not UTF-8 is replaced, not a traceback
     except FileNotFoundError:
         current = None
     except OSError as exc:
         raise SiteError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if current == PTH_TEXT:
+    if current == PTH_TEXT.encode() and _in_place(path):
         return "already enabled", path
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = None
     try:
         os.makedirs(directory, exist_ok=True)  # the interpreter's own site-packages may not exist yet
-        with open(tmp, "w", encoding="utf-8") as f:
+        # A name no other writer can have (mkstemp: O_EXCL, never following a link planted under
+        # a predictable name), which site.py never reads (it does not end in .pth).
+        fd, tmp = tempfile.mkstemp(prefix=f".{PTH_NAME}.", suffix=".tmp", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), PTH_MODE)
             f.write(PTH_TEXT)
+            f.flush()
+            _sync(f.fileno())
         os.replace(tmp, path)  # never a half-written line that site.py would run
     except OSError as exc:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
         raise SiteError(f"cannot write {path}: {exc.strerror or exc}") from None
     return ("enabled" if current is None else "updated"), path
 
 
+def _sync(fd: int) -> None:
+    """The bytes on the disk (on the server, for NFS) before the rename makes the file the one in
+    force. A file system that cannot sync (some FUSE mounts) has written them all the same."""
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+
+
 def disable(site_dir: str | None = None) -> tuple[str, str]:
-    """Remove the .pth file; returns (what happened, path). Idempotent."""
-    path = os.path.join(os.path.abspath(site_dir or default_site()), PTH_NAME)
+    """Remove the .pth file; returns (what happened, path). Idempotent. Raises SiteError with a
+    one-line reason (a read-only site, a `site_dir` that is not a directory)."""
+    path = os.path.join(_site_directory(site_dir), PTH_NAME)
     try:
         os.remove(path)
     except FileNotFoundError:
         return "already disabled", path
+    except OSError as exc:
+        raise SiteError(f"cannot remove {path}: {exc.strerror or exc}") from None
     return "disabled", path
 
 
@@ -105,18 +152,51 @@ def site_dirs() -> list[str]:
 
 
 def pth_files() -> list[dict[str, Any]]:
-    """Every te_offload_shim.pth this interpreter runs, and whether its line is the current one."""
+    """Every te_offload_shim.pth this interpreter runs: whether its line is the current one, and
+    whether this user can read it (site.py skips a file it cannot open, silently) and who else can.
+    `current` is None when the file cannot be read."""
     found = []
     for directory in site_dirs():
         path = os.path.join(directory, PTH_NAME)
-        if os.path.isfile(path):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    current = f.read() == PTH_TEXT
-            except OSError:
-                current = False
-            found.append({"path": path, "current": current})
+        if not os.path.isfile(path):
+            continue
+        entry: dict[str, Any] = {"path": path, "current": None, "readable": False, "mode": None}
+        try:
+            entry["mode"] = f"{stat.S_IMODE(os.stat(path).st_mode):04o}"
+            with open(path, "rb") as f:
+                text = f.read()
+            entry["readable"] = True
+            entry["current"] = text == PTH_TEXT.encode()  # bytes: a file that is not UTF-8 is simply not ours
+        except OSError:
+            pass
+        found.append(entry)
     return found
+
+
+def assess(files: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """Problems and warnings about the .pth files `pth_files()` found, for `status`."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    for entry in files:
+        path, mode = entry["path"], entry["mode"] or "unknown"
+        if not entry["readable"]:
+            problems.append(
+                f"{path} is not readable by this user (mode {mode}): this interpreter starts without the shim; "
+                "run `te-offload-shim enable` again as the file's owner (it writes the file readable by every user)"
+            )
+        elif not entry["current"]:
+            warnings.append(f"outdated .pth line (re-run `te-offload-shim enable`): {path}")
+        elif entry["mode"] is not None and not int(entry["mode"], 8) & 0o004:
+            warnings.append(
+                f"{path} is mode {mode}: other users' interpreters skip it and start without the shim; "
+                "run `te-offload-shim enable` again (it writes the file readable by every user)"
+            )
+    return problems, warnings
+
+
+def in_force(files: list[dict[str, Any]]) -> bool:
+    """Whether a .pth file activates the shim in this user's interpreters."""
+    return any(entry["readable"] for entry in files)
 
 
 # --- routes in force ----------------------------------------------------------------------------
@@ -124,6 +204,13 @@ def pth_files() -> list[dict[str, Any]]:
 
 def _path_entries(value: str | None) -> list[str]:
     return [os.path.abspath(p) for p in (value or "").split(os.pathsep) if p]
+
+
+def _our_ray_hook_ran() -> bool:
+    """Whether the setup hook `ray.init` gained from the shim ran in this process (a Ray worker)."""
+    import sys
+
+    return bool(getattr(sys.modules.get("te_offload_shim.activation.ray_worker"), "hook_ran", False))
 
 
 def routes(environ: Any = None) -> dict[str, Any]:
@@ -138,6 +225,6 @@ def routes(environ: Any = None) -> dict[str, Any]:
         "sitecustomize_bootstrap": os.path.abspath(BOOTSTRAP_DIR) in _path_entries(env.get("PYTHONPATH")),
         "verl_external_modules": "te_offload_shim" in external,
         "pythonstartup": bool(startup) and os.path.abspath(startup) == os.path.abspath(STARTUP_FILE),
-        "ray_worker_setup_hook": env.get(ray.HOOK_ENV_VAR) == ray.RAY_HOOK,  # set by Ray in a job's workers
+        "ray_worker_setup_hook": env.get(ray.HOOK_ENV_VAR) == ray.RAY_HOOK or _our_ray_hook_ran(),
         "ray_init_propagation": "when ray.init is called in a process where the shim is installed",
     }

@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, Any
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
-from te_offload_shim.integrations.ray import TRACE_CTX_KEYWORD
+from te_offload_shim.engine import hooks
 from te_offload_shim.te import caches
+from te_offload_shim.te.caching_off import describe
 
 if TYPE_CHECKING:
     import inspect
     from collections.abc import Callable, Mapping
 
     from te_offload_shim.engine.registry import Record
-    from te_offload_shim.integrations.targets import Target
+    from te_offload_shim.engine.schema import Target
 
 _lock = Lock()
 _inside = threading.local()
@@ -40,7 +41,9 @@ _totals: dict[str, Any] = {
 }
 _by_target: dict[str, dict[str, int]] = {}
 _left: dict[str, dict[str, int]] = {}  # target -> the reason its skip rule gave -> calls left alone
+_caching_off: dict[str, int] = {}  # TE layers whose caching is off by configuration, by reason, at the last call
 _announced = False
+_said_off: set[str] = set()  # the reasons "caching is off" was said for at the first clearing's log level
 
 
 def totals() -> dict[str, Any]:
@@ -49,6 +52,7 @@ def totals() -> dict[str, Any]:
         result = dict(_totals)
         result["by_target"] = {k: dict(v) for k, v in _by_target.items()}
         result["left_alone"] = {k: dict(v) for k, v in _left.items()}
+        result["caching_off"] = dict(_caching_off)
         return result
 
 
@@ -59,6 +63,8 @@ def reset_stats() -> None:
             _totals[key] = 0
         _by_target.clear()
         _left.clear()
+        _caching_off.clear()
+        _said_off.clear()
         _announced = False
 
 
@@ -80,40 +86,53 @@ def _record(target: Target, report: caches.CacheReport) -> None:
         _totals["skipped"] += len(report.skipped)
         _totals["errors"] += len(report.errors)
         _totals["primary_weight_bytes"] = report.primary_weight_bytes
-        if not report.entries:
-            return
-        _totals["cleared_calls"] += 1
-        _totals["entries"] += report.entries
-        _totals["modules"] += report.modules
-        _totals["bytes"] += report.bytes
-        _totals["released_bytes"] += report.released_bytes or 0
-        per["entries"] += report.entries
-        per["bytes"] += report.bytes
-        first, _announced = not _announced, True
-    log(
-        first_line_level() if first else 10,
-        "te_offload_shim: %s%s: cleared %d FP8 weight workspaces in %d modules (%s held%s) before the flush",
-        rank_prefix(),
-        target.path,
-        report.entries,
-        report.modules,
-        human_bytes(report.bytes),
-        "" if report.released_bytes is None else f", {human_bytes(report.released_bytes)} released",
-    )
+        _caching_off.clear()
+        _caching_off.update(report.caching_off)
+        if report.entries:
+            _totals["cleared_calls"] += 1
+            _totals["entries"] += report.entries
+            _totals["modules"] += report.modules
+            _totals["bytes"] += report.bytes
+            _totals["released_bytes"] += report.released_bytes or 0
+            per["entries"] += report.entries
+            per["bytes"] += report.bytes
+            first, _announced = not _announced, True
+        else:
+            first = not _said_off.issuperset(report.caching_off)
+            _said_off.update(report.caching_off)
+    if report.entries:
+        log(
+            first_line_level() if first else 10,
+            "te_offload_shim: %s%s: cleared %d FP8 weight workspaces in %d modules (%s held%s) before the flush",
+            rank_prefix(),
+            target.path,
+            report.entries,
+            report.modules,
+            human_bytes(report.bytes),
+            "" if report.released_bytes is None else f", {human_bytes(report.released_bytes)} released",
+        )
+    elif report.caching_off:  # a 0 that is no clearing's doing says why, once per reason at the first line's level
+        log(
+            first_line_level() if first else 10,
+            "te_offload_shim: %s%s: nothing to clear: FP8 weight caching is off by configuration in %s",
+            rank_prefix(),
+            target.path,
+            describe(report.caching_off),
+        )
 
 
 class Handler:
     """The wrapt wrapper function of one patched target: what it knows about the target's call
     (signature, how it binds, where the models are) is worked out once, here."""
 
-    __slots__ = ("kind", "record", "root", "signature", "takes_self", "target")
+    __slots__ = ("binding", "record", "root", "signature", "takes_self", "target")
 
-    def __init__(self, target: Target, signature: inspect.Signature, kind: str, record: Record) -> None:
+    def __init__(self, target: Target, signature: inspect.Signature, binding: str, record: Record) -> None:
         self.target = target
         self.signature = signature
-        self.kind = kind
+        self.binding = binding  # how the attribute binds: function, method, staticmethod, classmethod
         self.record = record
-        self.takes_self = kind in ("method", "classmethod")
+        self.takes_self = binding in ("method", "classmethod")
         # The patcher refuses a spec that names no parameter, so this is resolved once, here.
         self.root = target.where.parameter(list(signature.parameters), self.takes_self) or ""
 
@@ -170,8 +189,10 @@ class Handler:
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
         if self.takes_self and instance is not None:
             args = (instance, *args)
-        if TRACE_CTX_KEYWORD in kwargs and TRACE_CTX_KEYWORD not in self.signature.parameters:
-            kwargs = {k: v for k, v in kwargs.items() if k != TRACE_CTX_KEYWORD}
+        ignored = hooks.ignored_keywords()  # keywords a framework adds (Ray's tracing): no model argument
+        if ignored and not ignored.isdisjoint(kwargs):
+            own = self.signature.parameters
+            kwargs = {k: v for k, v in kwargs.items() if k not in ignored or k in own}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError:
@@ -220,6 +241,6 @@ def repr_safe(obj: object) -> str:
         return f"<{type(obj).__name__}>"
 
 
-def make_handler(target: Target, signature: inspect.Signature, kind: str, record: Record) -> Handler:
+def make_handler(target: Target, signature: inspect.Signature, binding: str, record: Record) -> Handler:
     """The wrapt wrapper function for `target`."""
-    return Handler(target, signature, kind, record)
+    return Handler(target, signature, binding, record)

@@ -1,4 +1,5 @@
-"""HOW to patch a table target: wrap it with our wrapper, rebind the aliases callers hold.
+"""HOW to patch a table target: wrap it with our wrapper, rebind the aliases callers hold; and the
+import callback that does it for every target of a freshly imported module.
 
 Imported only once a target module has been imported, so wrapt is never loaded in a process that
 does not need it. Every patch is a `registry.Record`, which is how it is found and undone.
@@ -8,47 +9,39 @@ from __future__ import annotations
 
 import inspect
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from te_offload_shim import _switches
+from te_offload_shim import _log, _switches
 from te_offload_shim.engine import registry
+from te_offload_shim.engine.attributes import binding_of, owner_of
 from te_offload_shim.engine.handler import make_handler
 from te_offload_shim.engine.wrapper import ShimWrapper, armed_layers, is_ours, shim_layers
-from te_offload_shim.integrations.ray import remote_user_class
 
 if TYPE_CHECKING:
-    from te_offload_shim.engine.status import TargetState
-    from te_offload_shim.integrations.targets import Target
+    from te_offload_shim.engine.schema import Target
+    from te_offload_shim.engine.states import TargetState
 
-__all__ = ["apply", "owner_of", "shim_layers"]
+__all__ = ["PATCH_KIND", "ShimWrapper", "apply", "on_target_import", "owner_of", "shim_layers"]
 
-KIND = "target"
-
-
-def owner_of(module: ModuleType, attribute: str) -> tuple[Any, str] | None:
-    """The object whose `__dict__` holds the attribute: the module, or the class in the MRO that
-    defines the method (so a subclass that inherits it is patched once, on its base)."""
-    if "." not in attribute:
-        return (module, attribute) if attribute in vars(module) else None
-    class_name, method = attribute.split(".", 1)
-    cls = vars(module).get(class_name)
-    if not isinstance(cls, type):
-        cls = remote_user_class(cls)
-        if cls is None:
-            return None
-    for klass in cls.__mro__:
-        if method in vars(klass):
-            return klass, method
-    return None
+PATCH_KIND = "target"  # the registry kind of a table (or user) target's patch
 
 
-def kind_of(owner: Any, raw: Any) -> str:
-    """How the attribute binds: 'function', 'method', 'staticmethod' or 'classmethod'."""
-    if issubclass(type(raw), staticmethod):  # type(): a proxy claims the class of what it wraps
-        return "staticmethod"
-    if issubclass(type(raw), classmethod):
-        return "classmethod"
-    return "method" if isinstance(owner, type) else "function"
+def on_target_import(module: ModuleType, targets: tuple[Target, ...]) -> None:
+    """Patch every target that lives in `module`; say once of each one that cannot be patched."""
+    spec = getattr(module, "__spec__", None)
+    name = spec.name if spec is not None else module.__name__
+    for target in targets:
+        if target.module != name:
+            continue
+        state, detail = apply(target, module)
+        if state == "error" or (state == "absent" and target.user):
+            # A target that cannot be patched says so where the operator looks: the log, and status.
+            _log.warn_once(
+                f"unpatchable:{target.name}",
+                "te_offload_shim: %s is not patched (%s); its offload runs without clearing FP8 caches",
+                target.path,
+                f"error: {detail}" if state == "error" else f"{name} has no attribute {target.attribute}",
+            )
 
 
 def apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
@@ -79,18 +72,19 @@ def _apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
         return "patched", ""
     if is_ours(raw):  # a disarmed wrapper of an earlier install: patch what it wraps
         raw = raw.__wrapped__
-    kind = kind_of(owner, raw)
-    function = raw.__func__ if kind in ("staticmethod", "classmethod") else raw
+    binding = binding_of(owner, raw)
+    function = raw.__func__ if binding in ("staticmethod", "classmethod") else raw
     if not callable(function):
         return "error", f"{target.attribute} is a {type(raw).__name__}, not callable"
     signature = inspect.signature(function)
-    takes_self = kind in ("method", "classmethod")
+    takes_self = binding in ("method", "classmethod")
     if target.where.parameter(list(signature.parameters), takes_self) is None:
         spec = target.where.text or target.where.root
         return "error", f"models spec {spec!r} names no parameter of {target.attribute}{signature}"
     ref = (owner.__module__, f"{owner.__qualname__}.{name}") if isinstance(owner, type) else (module.__name__, name)
-    record = registry.Record(KIND, owner, name, raw, target=target.name, aliases=not isinstance(owner, type))
-    wrapper = ShimWrapper(raw, make_handler(target, signature, kind, record), record, ref)
+    record = registry.Record(PATCH_KIND, owner, name, raw, target=target.name, aliases=not isinstance(owner, type))
+    record.handler = make_handler(target, signature, binding, record)
+    wrapper = ShimWrapper(raw, record.handler, record, ref)
 
     def put_in_place() -> None:
         setattr(owner, name, wrapper)

@@ -15,14 +15,14 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from te_offload_shim import _module_namespace as namespace
+import te_offload_shim as _shim
 from te_offload_shim._locks import Lock
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import Any
 
-    from te_offload_shim.engine.status import TargetState
+    from te_offload_shim.engine.states import TargetState
 
 _lock = Lock(reentrant=True)
 lock = _lock  # held across a whole patch: check, record, put in place
@@ -33,10 +33,13 @@ _states: dict[str, tuple[TargetState, str]] = {}
 class Record:
     """One patch: `owner.name` was `original` and now is `replacement`.
 
-    `aliases`: module globals elsewhere that held `original` were pointed at `replacement` too
-    (module-level functions), so undoing it points every global that holds `replacement` back."""
+    `kind` is the kind of patch ("target" for a table entry, Ray's "ray.init", "ray-loader",
+    "actor-copy"). `aliases`: module globals elsewhere that held `original` were pointed at
+    `replacement` too (module-level functions), so undoing it points every global that holds
+    `replacement` back. `handler`: what a call of `replacement` runs (for a target, its
+    `engine.handler.Handler`, which Ray's actor copies reuse)."""
 
-    __slots__ = ("aliases", "armed", "kind", "name", "original", "owner", "replacement", "target")
+    __slots__ = ("aliases", "armed", "handler", "kind", "name", "original", "owner", "replacement", "target")
 
     def __init__(
         self, kind: str, owner: Any, name: str, original: Any, *, target: str | None = None, aliases=False
@@ -49,6 +52,7 @@ class Record:
         self.target = target
         self.aliases = aliases
         self.armed = True
+        self.handler: Any = None
 
     def in_place(self) -> bool:
         """Whether the owner still holds our replacement (nothing replaced it since)."""
@@ -78,7 +82,7 @@ def rebind(old: object, new: object) -> int:
     after it holds the wrapper, whether or not we ever saw that module."""
     count = 0
     for module in list(sys.modules.values()):
-        d = namespace(module)  # lazy modules are skipped: they hold no aliases yet
+        d = _shim._module_namespace(module)  # lazy modules are skipped: they hold no aliases yet
         if d is None:
             continue
         try:
@@ -92,11 +96,11 @@ def rebind(old: object, new: object) -> int:
 
 
 def active() -> bool:
-    """Whether the shim is installed. Read from the package rather than kept here, so that this
-    module is imported with the first patch, not at every interpreter start: `uninstall()` clears
-    the flag first, then takes this lock in `deactivate()`, so a patch either lands before and is
-    undone, or sees the flag and does not land."""
-    return bool(getattr(sys.modules.get("te_offload_shim"), "_installed", False))
+    """Whether the shim is installed, as its one owner (the start-up module) says: this module is
+    imported with the first patch, not at every interpreter start. `uninstall()` clears the flag
+    first, then takes this lock in `deactivate()`, so a patch either lands before and is undone, or
+    sees the flag and does not land."""
+    return _shim.installed()
 
 
 def add(record: Record, replacement: Any, apply: Callable[[], None]) -> bool:

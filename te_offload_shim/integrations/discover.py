@@ -15,8 +15,8 @@ allocator, in the same body:
 
 A candidate is "covered" when a table entry (or `TE_OFFLOAD_SHIM_TARGETS`) names it, when it only
 calls offload functions named like table entries, or when it clears the caches itself (its body, or
-a function of its module it calls by name, touches `_fp8_workspaces`). Known limits are in the README
-("Finding offload functions the table does not know").
+a function of its module it calls by name, touches `_fp8_workspaces`). Known limits are in
+docs/frameworks.md ("Finding offload functions the table does not know").
 """
 
 from __future__ import annotations
@@ -325,7 +325,8 @@ def scan(files: Iterable[tuple[Path, str]]) -> list[Candidate]:
 def mark_covered(candidates: list[Candidate]) -> None:
     """Mark the candidates the built-in table or TE_OFFLOAD_SHIM_TARGETS names."""
     from te_offload_shim import _switches
-    from te_offload_shim.integrations.targets import BUILTIN, parse_user_targets
+    from te_offload_shim.engine.schema import parse_user_targets
+    from te_offload_shim.integrations.targets import BUILTIN
 
     user, _ = parse_user_targets(os.environ.get(_switches.TARGETS, ""))
     table = {t.path: t.name for t in BUILTIN}

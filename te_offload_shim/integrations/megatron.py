@@ -1,9 +1,7 @@
-"""Megatron knowledge: its CUDA-graph switches and marks, and its DDP buffers.
+"""Megatron's DDP buffers: from a `_ParamAndGradBuffer` to the model whose TE layers keep weights in it.
 
-CUDA graphs. A captured graph keeps the addresses of TE's workspaces: freed, a replay touches
-memory that now belongs to someone else, so a chunk with graphs on is never cleared.
-
-DDP buffers: from a Megatron `_ParamAndGradBuffer` to the model whose TE layers keep weights in it.
+(Megatron's CUDA-graph switches and marks are read with TE's in te/graphs.py: both only say whether
+a chunk is graphed, which the clearing needs whatever the framework.)
 
 A buffer knows its parameters, not its modules. Its owner is a megatron `DistributedDataParallel`
 (`ddp.buffers` / `ddp.expert_parallel_buffers`). Owners are found once, at the first offload of an
@@ -21,35 +19,6 @@ import weakref
 from typing import Any
 
 from te_offload_shim._locks import Lock
-
-# Megatron's TransformerConfig switches for CUDA graphs (megatron/core/transformer/transformer_config.py).
-GRAPH_CONFIG_FLAGS = ("enable_cuda_graph", "external_cuda_graph")
-# Megatron's module markers (megatron/core/transformer/module.py, core_v0.15+; transformer_layer.py
-# before): a `cudagraph_manager` submodule for cuda_graph_impl="local", a `cuda_graphs` list that
-# TECudaGraphHelper fills for "transformer_engine".
-GRAPH_SUBMODULE = "cudagraph_manager"
-GRAPH_LIST = "cuda_graphs"
-
-
-def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
-    """Why clearing this chunk would be unsafe because of CUDA graphs, or None.
-
-    A captured graph keeps the workspace addresses; freed, replay touches memory that now belongs to
-    someone else. Megatron's config says whether graphs are on, for the chunk and every wrapper."""
-    obj, depth = chunk, 0
-    while obj is not None and depth < 8:
-        config = obj.__dict__.get("config") if hasattr(obj, "__dict__") else None
-        if config is not None:
-            impl = getattr(config, "cuda_graph_impl", None)
-            if impl not in (None, "none"):
-                return f"config.cuda_graph_impl={impl!r}"
-            for flag in GRAPH_CONFIG_FLAGS:
-                if getattr(config, flag, False) is True:
-                    return f"config.{flag}=True"
-        obj = obj.__dict__.get("_modules", {}).get("module") if hasattr(obj, "__dict__") else None
-        depth += 1
-    return graph_mark
-
 
 _owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 _orphans: weakref.WeakSet[Any] = weakref.WeakSet()

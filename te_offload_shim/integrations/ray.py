@@ -1,9 +1,11 @@
 """Ray: the job's workers, and the method copies inside Ray actors.
 
-Workers. Where the shim is installed, `ray.init` gains `worker_process_setup_hook=
-"te_offload_shim.ray_setup"` in its runtime_env, so every worker of the job, on every node, installs
-the shim before it runs a task. We stay out when the job already has a hook (Ray allows one) or swaps
-the Python environment (the workers may lack the package, and an unimportable hook fails them all).
+Workers. Where the shim is installed, `ray.init` gains a `worker_process_setup_hook` in its
+runtime_env, so every worker of the job, on every node, installs the shim before it runs a task.
+We stay out when the job already has a hook (Ray allows one), or when its runtime_env keeps the
+workers from importing the package (another Python environment, an import path without us): an
+unimportable hook fails every worker. The hook itself fails open where that could not be seen
+from here (integrations/ray_runtime_env.py).
 
 Actor copies. `@ray.remote` builds a subclass and copies every method into it, each wrapped in a
 tracing closure that holds the function as it was when the decorator ran (ray.util.tracing.
@@ -14,24 +16,26 @@ real class. In the worker, Ray loads the class in `FunctionActorManager._load_ac
 class they return, wrap every copy of a method we patched: a copy is recognised by its module and
 qualified name (the `__wrapped__` chain of the tracing closure ends in the copied function).
 
-A class made with `@ray.remote` is patched through `__ray_metadata__.modified_class`
-(engine/patch.py), and Ray's `_ray_trace_ctx` keyword is not a model argument (engine/handler.py).
+What Ray does to a patched entry point, told to the engine through its hooks (engine/hooks.py) when
+this module loads (the start-up watches `ray` ahead of the table's modules, so that happens before
+any target of a module that imports Ray is patched): a class made with `@ray.remote` is patched
+through `__ray_metadata__.modified_class`, and Ray's `_ray_trace_ctx` keyword is not a model argument.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from te_offload_shim._log import warn_once
-from te_offload_shim.engine import registry
+from te_offload_shim.engine import hooks, registry
+from te_offload_shim.integrations import ray_runtime_env
 
-# engine.wrapper (and wrapt with it) is imported inside the functions that wrap: the constants and
-# the runtime_env rules here are read by `te-offload-shim status`, and the handler (which
-# `te_offload_shim.stats()` imports) reads TRACE_CTX_KEYWORD; neither may load wrapt.
+# engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap:
+# the constants and the runtime_env rules here are read by `te-offload-shim status`
+# (activation/pth.py), which may not load wrapt.
 
 RAY_HOOK = "te_offload_shim.ray_setup"
 # With Ray tracing on, actor methods get this keyword through Ray's tracing closure: not a model argument.
@@ -45,9 +49,10 @@ def remote_user_class(obj: object) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-# runtime_env fields that give the workers another Python environment, where the package may be
-# missing: a setup hook that cannot be imported fails every worker of the job, so we stay out.
-_ENV_SWAPPING = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
+hooks.ignore_keyword(TRACE_CTX_KEYWORD)
+hooks.find_classes_with(remote_user_class)
+
+
 HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
 _JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set for the entrypoint of a `ray job submit`
 
@@ -70,13 +75,14 @@ def _origin(fn: Any) -> tuple[str | None, str | None]:
 
 def patch_copies(actor_class: Any) -> int:
     """Wrap, in `actor_class` and its bases, every copy of a method the shim has patched."""
-    from te_offload_shim.engine.handler import make_handler  # the handler imports this module
+    from te_offload_shim.engine.handler import make_handler
+    from te_offload_shim.engine.patch import PATCH_KIND
     from te_offload_shim.engine.wrapper import ShimWrapper, shim_layers
 
     if not isinstance(actor_class, type):
         return 0
     wrapped = 0
-    for patch in registry.iter_armed("target"):
+    for patch in registry.iter_armed(PATCH_KIND):
         if not isinstance(patch.owner, type):
             continue
         original = patch.replacement.__wrapped__
@@ -87,10 +93,10 @@ def patch_copies(actor_class: Any) -> int:
             copy = vars(klass).get(patch.name)
             if copy is None or shim_layers(copy) or _origin(copy) != origin:
                 continue
-            known = patch.replacement._self_wrapper  # the target's own call handling
+            known = patch.handler  # the target's own call handling
             record = registry.Record(COPY_KIND, klass, patch.name, copy, target=patch.target)
-            handler = make_handler(known.target, known.signature, known.kind, record)
-            shim = ShimWrapper(copy, handler, record, origin)
+            record.handler = make_handler(known.target, known.signature, known.binding, record)
+            shim = ShimWrapper(copy, record.handler, record, origin)
             if registry.add(record, shim, _setter(klass, patch.name, shim)):
                 wrapped += 1
     return wrapped
@@ -105,8 +111,6 @@ def _after_load(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     try:
         patch_copies(actor_class)
     except Exception as exc:  # never fail an actor's creation
-        from te_offload_shim._log import warn_once
-
         warn_once("ray-actor", "te_offload_shim: could not patch Ray actor class %r: %r", actor_class, exc)
     return actor_class
 
@@ -132,8 +136,9 @@ def on_function_manager_import(module: ModuleType) -> None:
             if current is None or is_ours(current):
                 continue
             record = registry.Record(LOADER_KIND, manager, name, current)
+            record.handler = _loader_handler(record)
             ref = (manager.__module__, f"{manager.__qualname__}.{name}")
-            wrapper = ShimWrapper(current, _loader_handler(record), record, ref)
+            wrapper = ShimWrapper(current, record.handler, record, ref)
             registry.add(record, wrapper, _setter(manager, name, wrapper))
 
 
@@ -180,7 +185,7 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
         hook = _existing_hook(source)
         if hook is None:
             continue
-        if hook != RAY_HOOK:
+        if not ray_runtime_env.is_ours(hook):
             warn_once(
                 "ray-hook-taken",
                 "te_offload_shim: the Ray job already has worker_process_setup_hook=%r; not adding %s. "
@@ -193,19 +198,19 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     if submitted is not None and submitted.get("unreadable"):
         return kwargs
-    swapping = [key for key in _ENV_SWAPPING if runtime_env.get(key) or (submitted or {}).get(key)]
-    if swapping:
+    blockers = ray_runtime_env.blockers(runtime_env, submitted)  # can its workers import us?
+    if blockers:
         warn_once(
             "ray-hook-env",
-            "te_offload_shim: the Ray job's runtime_env sets %s, so its workers may lack te_offload_shim; "
-            "not adding the setup hook. Install te-offload-shim there and pass "
+            "te_offload_shim: the Ray job's workers could not import te_offload_shim: %s; "
+            "not adding the setup hook. Make the package importable there and pass "
             "worker_process_setup_hook=%r yourself.",
-            ",".join(swapping),
+            "; ".join(blockers),
             RAY_HOOK,
         )
         return kwargs
     new_env = dict(runtime_env)
-    new_env["worker_process_setup_hook"] = RAY_HOOK
+    new_env["worker_process_setup_hook"] = ray_runtime_env.worker_hook()  # fails open where it cannot import us
     return {**kwargs, "runtime_env": new_env}
 
 
@@ -214,8 +219,7 @@ RAY_INIT_KIND = "ray.init"
 
 def _init_handler(record: Any) -> Callable[..., Any]:
     def handler(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
-        shim = sys.modules.get("te_offload_shim")
-        if record.armed and shim is not None and shim.installed():
+        if record.armed and registry.active():
             try:
                 kwargs = with_setup_hook(kwargs)
             except Exception as exc:  # ray.init must go on whatever happens here
@@ -234,5 +238,6 @@ def on_ray_import(ray: ModuleType) -> None:
         if current is None or is_ours(current):
             return
         record = registry.Record(RAY_INIT_KIND, ray, "init", current)
-        wrapper = ShimWrapper(current, _init_handler(record), record, (ray.__name__, "init"))
+        record.handler = _init_handler(record)
+        wrapper = ShimWrapper(current, record.handler, record, (ray.__name__, "init"))
         registry.add(record, wrapper, lambda: setattr(ray, "init", wrapper))

@@ -12,7 +12,7 @@ subset of PEP 440 the table uses, written out:
   (pre-releases count): the local label is ignored, `<V` does not match V's own pre- and
   dev-releases, `>V` does not match V's post-releases, `~=X.Y` is `>=X.Y, ==X.*`.
 
-tests/test_specifiers.py checks these rules against `packaging` (a test-time dependency of pytest).
+tests/integrations/test_target_table.py checks these rules against `packaging` (a test-time dependency of pytest).
 Imported by `te-offload-shim status` and the tests, never at `import te_offload_shim`.
 """
 

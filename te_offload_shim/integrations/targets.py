@@ -1,13 +1,12 @@
 """WHAT to patch: one declarative entry per framework entry point.
 
 Adding a target is adding an entry to `BUILTIN`. An entry names the module to watch, the attribute
-(`func` or `Class.method`), where the model chunks are in a call (a `where` spec, below), the
+(`func` or `Class.method`), where the model chunks are in a call (a `where` spec), the
 releases it applies to, and optionally a rule that leaves a call alone.
 
-`where` spec, shared with `TE_OFFLOAD_SHIM_TARGETS`: a parameter name (`models`, `self`) or a
-position (`arg0` is the first argument after `self`), then optional `.attr` steps, the last of which
-may end in `()` for a call without arguments: `self.model.get_models()`. Empty means the first
-argument. It is parsed, never evaluated.
+An entry is an `engine.schema.Target`; its `where` spec (where the model chunks are in a call) is
+described there, and is shared with `TE_OFFLOAD_SHIM_TARGETS`. This module is data only: the skip
+rules and resolvers the entries name are in integrations/rules.py.
 
 Releases, declared once per entry and read by `te-offload-shim status` (integrations/versions.py):
 - `distribution`: the package whose installed version is checked.
@@ -19,184 +18,22 @@ Releases, declared once per entry and read by `te-offload-shim status` (integrat
 - `fixed_in`: the first release that clears the caches itself; from it on the entry is left alone.
   `fixed_marker` is the module attribute that fix added: at run time its presence, not the version
   number, decides (a back-port or a git checkout carries the fix under any number), and a test checks
-  that the two agree on the real releases (tests/test_target_table.py, tests/test_verl.py).
+  that the two agree on the real releases (tests/integrations/test_target_table.py, tests/integrations/test_verl.py).
 - `note`: only what the specifier cannot say.
 
-`skip`: a function of the bound call (a mapping of parameter names to values) that returns why this
-call is left alone, a short reason that is logged and counted in `stats()["left_alone"]`, or None to
-clear the caches. Its reasons are of two kinds: the call moves no weights (`move_params=False`), or
-the framework clears the caches itself behind a flag.
+`skip`: a rule (integrations/rules.py) that says why a call is left alone, or None to clear.
 
 Not read at start-up: `import te_offload_shim` watches the module names written out in
-`__init__.BUILTIN_MODULES` (tests/test_layout.py keeps the two in step), and the table is imported
+`__init__.BUILTIN_MODULES` (tests/startup/test_layout.py keeps the two in step), and the table is imported
 when one of them is. The specifiers are strings here, parsed only by `status` and the tests.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from te_offload_shim.engine.schema import Target
+from te_offload_shim.integrations import rules
 
-if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
-    from typing import Any
-
-    Skip = Callable[[Mapping[str, Any]], "str | None"]
-
-
-class Where:
-    """A parsed `where` spec."""
-
-    __slots__ = ("call", "path", "root", "text")
-
-    def __init__(self, root: str, path: tuple[str, ...], call: bool, text: str) -> None:
-        self.root = root
-        self.path = path
-        self.call = call
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"Where({self.text!r})"
-
-    def parameter(self, names: list[str], is_method: bool) -> str | None:
-        """The parameter the spec starts from, given the function's parameter names; `argN`
-        counts after `self` for a method. None when the function has no such parameter."""
-        if self.root.startswith("arg") and self.root[3:].isdigit():
-            positional = names[1:] if is_method else names
-            index = int(self.root[3:])
-            return positional[index] if index < len(positional) else None
-        return self.root if self.root in names else None
-
-
-def parse_where(text: str) -> Where:
-    """Parse a `where` spec; raise ValueError with a readable message when malformed."""
-    spec = text.strip()
-    if not spec:
-        return Where("arg0", (), False, "")
-    call = spec.endswith("()")
-    body = spec[:-2] if call else spec
-    parts = body.split(".")
-    if not all(p.isidentifier() for p in parts):
-        raise ValueError(f"bad models spec {text!r}: expected NAME[.attr...][()] such as self.model")
-    if call and len(parts) < 2:
-        raise ValueError(f"bad models spec {text!r}: '()' must follow an attribute, e.g. self.model.get_models()")
-    return Where(parts[0], tuple(parts[1:]), call, spec)
-
-
-class Target:
-    """One patchable entry point."""
-
-    __slots__ = (
-        "attribute",
-        "distribution",
-        "fixed_in",
-        "fixed_marker",
-        "module",
-        "name",
-        "note",
-        "resolve",
-        "skip",
-        "supported",
-        "user",
-        "where",
-    )
-
-    def __init__(
-        self,
-        name: str,
-        module: str,
-        attribute: str,
-        where: str = "",
-        *,
-        distribution: str | None = None,
-        supported: str | None = None,
-        fixed_in: str | None = None,
-        fixed_marker: str | None = None,
-        note: str = "",
-        skip: Skip | None = None,
-        resolve: Callable[[Any], tuple[Any, Any]] | None = None,
-        user: bool = False,
-    ) -> None:
-        self.name = name
-        self.module = module
-        self.attribute = attribute
-        self.where = parse_where(where)
-        self.distribution = distribution
-        self.supported = supported
-        self.fixed_in = fixed_in
-        self.fixed_marker = fixed_marker
-        self.note = note
-        self.skip = skip
-        self.resolve = resolve
-        self.user = user  # from TE_OFFLOAD_SHIM_TARGETS: an absent attribute is then a mistake
-
-    @property
-    def path(self) -> str:
-        return f"{self.module}:{self.attribute}"
-
-    def __repr__(self) -> str:
-        return f"Target({self.name!r}, {self.path!r})"
-
-
-# --- skip rules, referenced by the entries below ------------------------------------------------
-
-
-def _skip_when_false(param: str, why: str) -> Skip:
-    """Leave the call alone when `param` is passed false (it defaults to moving the weights)."""
-
-    def skip(call: Mapping[str, Any]) -> str | None:
-        value = call.get(param, True)
-        return None if value else f"{param}={value!r}: {why}"
-
-    skip.__name__ = f"skip_unless_{param}"
-    return skip
-
-
-def _skip_unless_model_params(call: Mapping[str, Any]) -> str | None:
-    """ROLL: `include=None` means every state; otherwise the list must name model params."""
-    include = call.get("include")
-    if include is None:
-        return None
-    if isinstance(include, str):  # one OffloadStateType (a str Enum) rather than a list of them
-        include = (include,)
-    try:
-        names = {getattr(item, "name", item) for item in include}
-        values = {getattr(item, "value", item) for item in include}
-    except TypeError:
-        names = values = {getattr(include, "name", include)}
-    if "model_params" in names or "model_params" in values:
-        return None
-    return "include names no model_params: the weights stay on the device"
-
-
-def _skip_unless_weights(call: Mapping[str, Any]) -> str | None:
-    """AReaL awex: `tags = tags or ["optimizer", "weights"]`, so an empty list means both too."""
-    tags = call.get("tags")
-    return None if not tags or "weights" in tags else "tags name no weights: the weights stay on the device"
-
-
-def _nemo_rl_clears_itself(call: Mapping[str, Any]) -> str | None:
-    """NeMo-RL >= 0.7 clears the caches itself when `policy.megatron_cfg.fp8_cfg.force_clear_fp8_caches`
-    (read as `self.fp8_cfg.get("force_clear_fp8_caches", False)`, megatron_policy_worker.py @04fc1377)."""
-    fp8_cfg = getattr(call.get("self"), "fp8_cfg", None)
-    get = getattr(fp8_cfg, "get", None)  # a dict, or an OmegaConf DictConfig
-    if callable(get) and get("force_clear_fp8_caches", False):
-        return "NeMo-RL fp8_cfg.force_clear_fp8_caches is on: it clears the caches itself"
-    return None
-
-
-def _miles_clears_itself(call: Mapping[str, Any]) -> str | None:
-    """miles PR #2142: `--clear-quantized-weight-workspaces-on-offload` (default on)."""
-    args = getattr(call.get("self"), "args", None)
-    if getattr(args, "clear_quantized_weight_workspaces_on_offload", False):
-        return "miles --clear-quantized-weight-workspaces-on-offload is on: it clears the caches itself"
-    return None
-
-
-def _megatron_buffer_modules(buffer: Any) -> Any:
-    from te_offload_shim.integrations.megatron import modules_of_buffer
-
-    return modules_of_buffer(buffer)
-
+__all__ = ["BUILTIN", "Target"]
 
 # --- the table ----------------------------------------------------------------------------------
 
@@ -218,8 +55,8 @@ BUILTIN: tuple[Target, ...] = (
         "self",
         distribution="megatron-core",
         supported=">=0.16.0",  # the method is absent before
-        skip=_skip_when_false("move_params", "the weights stay on the device"),
-        resolve=_megatron_buffer_modules,  # only the TE layers whose weights live in the buffer
+        skip=rules.skip_when_false("move_params", "the weights stay on the device"),
+        resolve=rules.megatron_buffer_modules,  # only the TE layers whose weights live in the buffer
     ),
     Target(
         "nemo-rl",
@@ -228,7 +65,7 @@ BUILTIN: tuple[Target, ...] = (
         "self.model",
         distribution="nemo-rl",
         supported=">=0.6.0",  # offload_after_refit calls it through self
-        skip=_nemo_rl_clears_itself,
+        skip=rules.nemo_rl_clears_itself,
     ),
     Target(
         "nemo-rl-0.5",
@@ -238,7 +75,7 @@ BUILTIN: tuple[Target, ...] = (
         distribution="nemo-rl",
         # 0.5.x: a @ray.remote class; from 0.6.0 its subclass of the Impl class, whose method it inherits
         supported=">=0.5.0",
-        skip=_nemo_rl_clears_itself,
+        skip=rules.nemo_rl_clears_itself,
     ),
     Target(
         "nemo-rl-0.3",
@@ -247,7 +84,7 @@ BUILTIN: tuple[Target, ...] = (
         "self.model",
         distribution="nemo-rl",
         supported=">=0.3.0,<0.5.0",
-        skip=_nemo_rl_clears_itself,
+        skip=rules.nemo_rl_clears_itself,
     ),
     Target(
         "roll",
@@ -256,7 +93,7 @@ BUILTIN: tuple[Target, ...] = (
         "self.model.get_models()",
         distribution="roll",
         supported=">=0.1.0,<=0.3.0",
-        skip=_skip_unless_model_params,
+        skip=rules.skip_unless_model_params,
     ),
     Target(
         "roll-train",
@@ -265,7 +102,7 @@ BUILTIN: tuple[Target, ...] = (
         "self.model.get_models()",
         distribution="roll",
         supported=">=0.1.0,<=0.3.0",
-        skip=_skip_unless_model_params,
+        skip=rules.skip_unless_model_params,
     ),
     Target(
         "areal-awex",
@@ -274,7 +111,7 @@ BUILTIN: tuple[Target, ...] = (
         "self._engine.model",
         distribution="areal",
         note="main since 2026-08-07 (#1500), in no release yet",
-        skip=_skip_unless_weights,
+        skip=rules.skip_unless_weights,
     ),
     Target(
         "areal-awex-1.0",
@@ -283,7 +120,7 @@ BUILTIN: tuple[Target, ...] = (
         "self._engine.model",
         distribution="areal",
         supported="==1.0.4",
-        skip=_skip_unless_weights,
+        skip=rules.skip_unless_weights,
     ),
     Target(
         "areal",
@@ -308,7 +145,7 @@ BUILTIN: tuple[Target, ...] = (
         "self.model",
         distribution="miles",
         note="git only; from PR #2142 miles clears the caches itself behind a flag (default on)",
-        skip=_miles_clears_itself,
+        skip=rules.miles_clears_itself,
     ),
     # ms-swift, SkyRL, RLinf, ChatLearn, Relax: no upstream fix yet, so no skip rule is guessed
     # ahead of one (a fix may come opt-in, like NeMo-RL's, and skipping on its mere presence
@@ -346,7 +183,7 @@ BUILTIN: tuple[Target, ...] = (
         "self.model",
         distribution="rlinf",
         supported=">=0.1",  # main too
-        skip=_skip_when_false("offload_weight", "a grads-only offload leaves the weights and their caches"),
+        skip=rules.skip_when_false("offload_weight", "a grads-only offload leaves the weights and their caches"),
     ),
     Target(
         "chatlearn",
@@ -363,6 +200,35 @@ BUILTIN: tuple[Target, ...] = (
         "self._model",
         distribution="pai-chatlearn",
         supported=">=1.2.0",  # main too
+    ),
+    # siiRL's offload is a copy of verl's pre-fix one, the same function from v0.0.1 to v0.2.0
+    # (c3ecc6a7) and main (af00a77): it empties the DDP buffers' storage itself, never through
+    # megatron-core's buffer offload, so the megatron-core entry does not fire for it. Its workers
+    # (`siirl.engine.megatron_workers`, `siirl.workers.megatron_workers` before 0.2.0) and sharding
+    # managers from-import it.
+    Target(
+        "siirl",
+        "siirl.utils.megatron.megatron_utils",
+        "offload_megatron_model_to_cpu",
+        "models",
+        distribution="siirl",
+        supported=">=0.0.1",  # main too
+    ),
+    Target(
+        "siirl-reward",
+        "siirl.engine.reward_model.megatron.reward_model",
+        "MegatronRewardModel.offload_params_to_cpu",  # `megatron.param_offload` of a Megatron reward model
+        "self.reward_model_module",
+        distribution="siirl",
+        supported=">=0.2.0",  # main too
+    ),
+    Target(
+        "siirl-reward-0.1",
+        "siirl.workers.reward_model.megatron.reward_model",  # 0.2.0 renamed siirl.workers to siirl.engine
+        "MegatronRewardModel.offload_params_to_cpu",
+        "self.reward_model_module",
+        distribution="siirl",
+        supported=">=0.0.1,<0.2.0",
     ),
     Target(
         "relax",
@@ -381,29 +247,3 @@ BUILTIN: tuple[Target, ...] = (
         note="main since the selective offload, in no release",
     ),
 )
-
-
-def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
-    """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
-
-    Returns the good entries and one message per malformed entry (the others still work)."""
-    targets: list[Target] = []
-    problems: list[str] = []
-    for raw in text.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        path, _, where = entry.partition("@")
-        module, sep, attribute = path.partition(":")
-        if not sep or not all(p.isidentifier() for p in module.split(".")):
-            problems.append(f"{entry!r}: expected pkg.module:function or pkg.module:Class.method")
-            continue
-        parts = attribute.split(".")
-        if len(parts) > 2 or not all(p.isidentifier() for p in parts):
-            problems.append(f"{entry!r}: attribute must be function or Class.method")
-            continue
-        try:
-            targets.append(Target(path, module, attribute, where, user=True))
-        except ValueError as exc:
-            problems.append(f"{entry!r}: {exc}")
-    return targets, problems

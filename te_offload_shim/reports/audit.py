@@ -12,14 +12,20 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import log, rank_prefix, warn_once
 
-if TYPE_CHECKING:
-    from te_offload_shim.integrations.targets import Target
+
+class Target(Protocol):
+    """What the audit reads of the target whose offload it watches (an `engine.schema.Target`; the
+    engine calls this module, so the reports name no engine type)."""
+
+    @property
+    def path(self) -> str: ...
+
 
 _lock = Lock()
 _audits = 0

@@ -4,7 +4,7 @@ driver say: the report users otherwise assemble by hand from memory snapshots af
 One walk over the model chunks reads instance dicts only (never `nn.Module.__getattr__`, never a
 property of a module), finds every tensor on the selected device, and counts each storage once.
 It moves, frees and keeps nothing: the report holds names and numbers, no tensor or module.
-Like `caches`, it never imports torch: torch comes from `sys.modules`.
+Like the clearing (te/), it never imports torch: torch comes from `sys.modules`.
 
 A storage found through several holders is counted once, for the first category in `CATEGORIES`
 order: a parameter that is a view into megatron DDP's `param_data` counts under `ddp_buffers`
@@ -22,7 +22,10 @@ from typing import Any
 
 from te_offload_shim._log import human_bytes
 from te_offload_shim.reports.process_memory import DeviceMemory, device_memory, te_global_memory
-from te_offload_shim.te import caches, sizes
+from te_offload_shim.te import sizes
+from te_offload_shim.te.caching_off import caching_off, describe
+from te_offload_shim.te.chunks import as_chunks
+from te_offload_shim.te.layouts import LEGACY_ATTRS, LEGACY_MARKER, WORKSPACES
 
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
 TOP = 10
@@ -77,7 +80,8 @@ class ResidueReport:
     largest holders; `te_global` is TE's process-global memory (not in `total_bytes`, never
     cleared by the shim; None where present but not sizeable from Python); `memory` the process
     numbers now (empty until CUDA is initialised), `memory_before` those at the start of the offload
-    when the audit made the report."""
+    when the audit made the report; `caching_off` the TE layers that hold no FP8 weight cache because
+    caching is off by configuration (te/caching_off.py), by reason."""
 
     device_type: str | None = None
     total_bytes: int = 0
@@ -89,6 +93,7 @@ class ResidueReport:
     memory: list[DeviceMemory] = field(default_factory=list)
     memory_before: list[DeviceMemory] | None = None
     errors: list[str] = field(default_factory=list)
+    caching_off: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +107,7 @@ class ResidueReport:
             "memory": [vars(m).copy() for m in self.memory],
             "memory_before": None if self.memory_before is None else [vars(m).copy() for m in self.memory_before],
             "errors": list(self.errors),
+            "caching_off": dict(self.caching_off),
         }
 
     def summary(self) -> str:
@@ -112,6 +118,8 @@ class ResidueReport:
             parts[-1] += f" ({largest})"
         where = self.device_type or "device"
         line = f"left on {where}: {human_bytes(self.total_bytes)}" + (f" ({', '.join(parts)})" if parts else "")
+        if self.caching_off:
+            line += f"; FP8 weight caching off by configuration in {describe(self.caching_off)}"
         if self.te_global:
             te = ", ".join(f"{k} {human_bytes(v) if v is not None else 'present'}" for k, v in self.te_global.items())
             line += f"; TE process-global: {te}"
@@ -154,7 +162,7 @@ def residue(models: object, *, device_type: str | None = None, top: int = TOP) -
     if torch is None:
         return report
     try:
-        chunks, refused = caches.as_chunks(models)  # never iterates what the offload will iterate
+        chunks, refused = as_chunks(models)  # never iterates what the offload will iterate
         if refused is not None:
             report.errors.append(f"models not inspected: {refused}")
         _Walk(torch, device_type).run(chunks, report, top)
@@ -195,9 +203,9 @@ class _Walk:
         self.found: dict[str, list[tuple[_Node, Any, str, Any]]] = {c: [] for c in CATEGORIES}
         self.seen_objects: set[int] = set()
         self.internal = frozenset(torch.nn.Module().__dict__) | {
-            caches.WORKSPACES,
-            caches.LEGACY_MARKER,
-            *caches.LEGACY_ATTRS,
+            WORKSPACES,
+            LEGACY_MARKER,
+            *LEGACY_ATTRS,
         }
         if device_type is None:
             self.on_device = lambda t: not t.is_cpu
@@ -234,7 +242,8 @@ class _Walk:
         pop, push, mark = stack.pop, stack.extend, seen.add
         internal, plain, check = self.internal, self.plain, self.on_device
         params_found, buffers_found = self.found["parameters"], self.found["buffers"]
-        workspaces_key, legacy_marker = caches.WORKSPACES, caches.LEGACY_MARKER
+        workspaces_key, legacy_marker = WORKSPACES, LEGACY_MARKER
+        off = report.caching_off
         while stack:
             module, node = pop()
             if id(module) in seen:
@@ -261,8 +270,12 @@ class _Walk:
                 workspaces = d.get(workspaces_key)
                 if workspaces:
                     self.workspaces(node, workspaces)
-                if legacy_marker in d:  # TE < 1.8: never cleared (see caches)
-                    for name in caches.LEGACY_ATTRS:
+                elif workspaces_key in d:  # a TE layer holding nothing: is its caching off?
+                    reason = caching_off(d)
+                    if reason is not None:
+                        off[reason] = off.get(reason, 0) + 1
+                if legacy_marker in d:  # TE < 1.8: never cleared (see te/layouts.py)
+                    for name in LEGACY_ATTRS:
                         self.add("fp8_workspaces", node, name, d.get(name))
                 extra = d.keys() - internal
                 if extra:
@@ -277,9 +290,9 @@ class _Walk:
     def workspaces(self, node: _Node, workspaces: Any) -> None:
         if type(workspaces) is dict:
             for key, value in workspaces.items():
-                self.add("fp8_workspaces", node, (caches.WORKSPACES, key), value)
+                self.add("fp8_workspaces", node, (WORKSPACES, key), value)
         else:  # not TE's plain dict: whatever tensors it holds
-            self.add("fp8_workspaces", node, caches.WORKSPACES, workspaces)
+            self.add("fp8_workspaces", node, WORKSPACES, workspaces)
 
     def attributes(self, node: _Node, d: dict, names: set[str]) -> None:
         for name in sorted(names):
@@ -332,10 +345,10 @@ class _Walk:
     def other(self, node: _Node, label: str, key: str, value: Any, depth: int) -> None:
         """Tensors a module keeps outside parameters and buffers, by attribute path (`key` leaves
         out container positions, so `other` adds them up per attribute)."""
-        kind = type(value)
-        if kind in _SCALARS:
+        cls = type(value)
+        if cls in _SCALARS:
             return
-        if kind in self.plain or isinstance(value, self.torch.Tensor):
+        if cls in self.plain or isinstance(value, self.torch.Tensor):
             self.add("other", node, label, value, key)
             return
         if isinstance(value, _OPAQUE) or isinstance(value, self.module_type):
@@ -352,7 +365,7 @@ class _Walk:
         if id(value) in self.seen_objects:
             return
         self.seen_objects.add(id(value))
-        if kind in (list, tuple):
+        if cls in (list, tuple):
             for i, item in enumerate(value[:_MAX_ITEMS]):
                 self.other(node, f"{label}[{i}]", key, item, depth + 1)
         elif isinstance(value, dict):

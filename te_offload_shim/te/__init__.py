@@ -1,3 +1,6 @@
-"""Transformer Engine knowledge: where each release keeps its cached quantized weights (caches), and
-how many bytes a quantized tensor holds (sizes). Works on the objects given; never imports TE.
+"""Transformer Engine knowledge, and no framework's: where each release keeps its cached quantized
+weights (layouts), which chunks a call holds (chunks), one walk over a chunk (walk), whether it is
+CUDA-graphed (graphs), FP8 primary weights (primary), how many bytes a quantized tensor holds
+(sizes), and the clearing itself (caches, reporting with report). Works on the objects given; never
+imports TE.
 """

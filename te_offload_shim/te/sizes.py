@@ -13,7 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 # Where the bytes of a cached value live, by TE release (transformer_engine/pytorch/...). Checked
-# against each release's real classes by tests/test_te_real.py (built on CPU from tensors of known size).
+# against each release's real classes by tests/te/test_te_real.py (built on CPU from tensors of known size).
 INNER_ATTRS = (
     # 1.x Float8Tensor (float8_tensor.py; `_transpose`, `_scale_inv` are properties over `_fp8_attrs`),
     # 2.0 - 2.8 Float8TensorBase (tensor/_internal), 2.9+ Float8TensorStorage (tensor/storage)
@@ -59,7 +59,7 @@ STORAGE_MARKS = (
 )
 _MAX_DEPTH = 4
 
-# How to open a value of a given class: (kind, getter of its byte-holding attributes as a tuple,
+# How to open a value of a given class: (how, getter of its byte-holding attributes as a tuple,
 # whether every one of them held a plain tensor or None when the plan was made).
 _SELF, _META, _ATTRS, _SEQ, _NOTHING = range(5)
 _plans: dict[type, tuple[int, Any, bool]] = {}
@@ -119,8 +119,8 @@ def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> Non
     plan = _plans.get(cls)
     if plan is None:
         plan = _plans[cls] = _plan(value, torch)
-    kind, getter, flat = plan
-    if kind == _ATTRS:
+    how, getter, flat = plan
+    if how == _ATTRS:
         try:
             items = getter(value)
         except AttributeError:  # an instance missing a field its class had when planned
@@ -136,14 +136,14 @@ def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> Non
                 out.append(item)
             elif item is not None and item is not value:
                 inner_tensors(item, torch, out, depth + 1)
-    elif kind == _META:
+    elif how == _META:
         for item in value.get_metadata().values():
             if item is not None:
                 inner_tensors(item, torch, out, depth + 1)
-    elif kind == _SEQ:
+    elif how == _SEQ:
         for item in value:
             inner_tensors(item, torch, out, depth + 1)
-    elif kind == _SELF:
+    elif how == _SELF:
         out.append(value)
 
 

@@ -3,7 +3,7 @@
 A captured graph replays into the workspace addresses it recorded; freed, replay reads and writes
 memory that now belongs to someone else. TE marks the module it graphs (transformer_engine/pytorch/
 graph.py): the marks here are made by TE's real code from each release's wheel in `.deps/te-X`
-(harness/te_graph.py runs graph.py's own nested functions; tests/test_te_real.py does the same with
+(harness/te_graph.py runs graph.py's own nested functions; tests/te/test_te_real.py does the same with
 TE's modules really imported), never typed by hand.
 """
 
@@ -41,7 +41,7 @@ def test_chunk_graphed_by_te_make_graphed_callables_is_left_alone() -> None:
             assert all(v.__code__.co_filename == source for v in marks.values()), "TE's own code made them"
             if order and te_releases.key(release) >= (2, 8):
                 # 2.8+ with `_order` (megatron's TECudaGraphHelper) leave nothing on the module: the
-                # mark there is megatron's `cuda_graphs` list (tests/test_te_caches.py).
+                # mark there is megatron's `cuda_graphs` list (tests/te/test_te_caches.py).
                 assert not marks, (release, sorted(marks))
                 continue
             expected = "new_fwd" if not order else "forward_func"

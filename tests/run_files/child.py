@@ -1,4 +1,4 @@
-"""A child of `te-offload-shim run` (tests/test_cli_run.py, copied next to the user's folders): reports,
+"""A child of `te-offload-shim run` (tests/activation/test_cli_run.py, copied next to the user's folders): reports,
 then starts a multiprocessing "spawn" grandchild that reports too, and prints both as JSON."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What `te-offload-shim enable` left in effect, printed as JSON by an interpreter of the venv that
-tests/test_cli_enable.py builds: is the shim loaded and installed at start, was wrapt loaded before
+tests/activation/test_cli_enable.py builds: is the shim loaded and installed at start, was wrapt loaded before
 a target, and (with TE_OFFLOAD_SHIM_TARGETS set) is `faketarget.offload` patched once."""
 
 import json

@@ -1,4 +1,4 @@
-"""Run under `te-offload-shim run` (tests/test_cli_run.py): prints [PYTHONPATH, shim loaded] as JSON."""
+"""Run under `te-offload-shim run` (tests/activation/test_cli_run.py): prints [PYTHONPATH, shim loaded] as JSON."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A user's own sitecustomize (tests/test_cli_run.py copies it into a user folder on PYTHONPATH): the
+"""A user's own sitecustomize (tests/activation/test_cli_run.py copies it into a user folder on PYTHONPATH): the
 bootstrap shadows it and must still run it, once per interpreter."""
 
 import builtins

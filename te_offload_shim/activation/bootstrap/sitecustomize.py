@@ -7,6 +7,10 @@ This folder is all that `run` adds to any interpreter's path: an interpreter wit
 
 Only one module named `sitecustomize` is ever imported, and Debian's Python (and many images)
 ship one, so the one further down sys.path must still run, exactly as if we were not here.
+
+Any Python that runs below `run` parses this file, Python 2.7 included (a tool's own interpreter,
+an old system python): it must stay plain ASCII source in syntax both read, without annotations,
+f-strings or other Python-3-only forms (tests/hostile/test_run_old_pythons.py).
 """
 
 import os
@@ -15,7 +19,7 @@ import sys
 _HERE = os.path.normcase(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _activate() -> None:
+def _activate():
     if os.environ.get("TE_OFFLOAD_SHIM", "").strip().lower() in ("0", "false", "no", "off"):
         return
     try:
@@ -29,14 +33,16 @@ def _activate() -> None:
         pass
 
 
-def _chain() -> None:
+def _chain():
     ours = sys.modules.pop("sitecustomize", None)
     # Our folder leaves sys.path (it holds nothing else); PYTHONPATH keeps it for the children.
     sys.path[:] = [p for p in sys.path if os.path.normcase(os.path.abspath(p or os.curdir)) != _HERE]
     try:
         import sitecustomize  # noqa: F401  (the next one; its errors reach site.py as usual)
     except ImportError as exc:
-        if exc.name != "sitecustomize":
+        # Python 2's ImportError has no `name`; its message says which module was missing
+        missing = getattr(exc, "name", None) or str(exc).rpartition(" ")[2].strip("'")
+        if missing != "sitecustomize":
             raise
         if ours is not None:
             sys.modules["sitecustomize"] = ours

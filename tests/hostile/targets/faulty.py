@@ -1,4 +1,4 @@
-"""A module whose attributes defeat the patcher in every way we can think of (tests/test_faults.py)."""
+"""A module whose attributes defeat the patcher in every way we can think of (tests/engine/test_faults.py)."""
 
 from __future__ import annotations
 

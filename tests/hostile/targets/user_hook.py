@@ -1,4 +1,4 @@
-"""A user's own Ray `worker_process_setup_hook` that does not chain ours (tests/test_ray.py)."""
+"""A user's own Ray `worker_process_setup_hook` that does not chain ours (tests/integrations/test_ray.py)."""
 
 from __future__ import annotations
 

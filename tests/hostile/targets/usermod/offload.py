@@ -1,4 +1,4 @@
-"""Offload functions of a user's own trainer (tests/test_user_targets.py, TE_OFFLOAD_SHIM_TARGETS):
+"""Offload functions of a user's own trainer (tests/engine/test_user_targets.py, TE_OFFLOAD_SHIM_TARGETS):
 each records what is cached at its own flush."""
 
 from __future__ import annotations

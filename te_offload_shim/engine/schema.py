@@ -1,0 +1,150 @@
+"""The engine's schema of a target: `Target`, its `where` spec (`Where`), its skip rule (`Skip`),
+and the parsing of `TE_OFFLOAD_SHIM_TARGETS`. The built-in table (integrations/targets.py) and the
+user's entries are both made of these; the patcher and the call handler read nothing else.
+
+`where` spec, shared by the table and `TE_OFFLOAD_SHIM_TARGETS`: a parameter name (`models`, `self`)
+or a position (`arg0` is the first argument after `self`), then optional `.attr` steps, the last of
+which may end in `()` for a call without arguments: `self.model.get_models()`. Empty means the first
+argument. It is parsed, never evaluated.
+
+`skip`: a function of the bound call (a mapping of parameter names to values) that returns why this
+call is left alone, a short reason that is logged and counted in `stats()["left_alone"]`, or None to
+clear the caches.
+
+`resolve`: a function of the located models that returns (model chunks, parameters to limit the
+clearing to), for an entry point whose argument is not the model itself (a Megatron DDP buffer).
+
+Standard library only: `te-offload-shim status` and the install of user targets read it without
+loading wrapt, torch or a framework.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    Skip = Callable[[Mapping[str, Any]], "str | None"]
+    Resolve = Callable[[Any], tuple[Any, Any]]
+
+
+class Where:
+    """A parsed `where` spec."""
+
+    __slots__ = ("call", "path", "root", "text")
+
+    def __init__(self, root: str, path: tuple[str, ...], call: bool, text: str) -> None:
+        self.root = root
+        self.path = path
+        self.call = call
+        self.text = text
+
+    def __repr__(self) -> str:
+        return f"Where({self.text!r})"
+
+    def parameter(self, names: list[str], is_method: bool) -> str | None:
+        """The parameter the spec starts from, given the function's parameter names; `argN`
+        counts after `self` for a method. None when the function has no such parameter."""
+        if self.root.startswith("arg") and self.root[3:].isdigit():
+            positional = names[1:] if is_method else names
+            index = int(self.root[3:])
+            return positional[index] if index < len(positional) else None
+        return self.root if self.root in names else None
+
+
+def parse_where(text: str) -> Where:
+    """Parse a `where` spec; raise ValueError with a readable message when malformed."""
+    spec = text.strip()
+    if not spec:
+        return Where("arg0", (), False, "")
+    call = spec.endswith("()")
+    body = spec[:-2] if call else spec
+    parts = body.split(".")
+    if not all(p.isidentifier() for p in parts):
+        raise ValueError(f"bad models spec {text!r}: expected NAME[.attr...][()] such as self.model")
+    if call and len(parts) < 2:
+        raise ValueError(f"bad models spec {text!r}: '()' must follow an attribute, e.g. self.model.get_models()")
+    return Where(parts[0], tuple(parts[1:]), call, spec)
+
+
+class Target:
+    """One patchable entry point."""
+
+    __slots__ = (
+        "attribute",
+        "distribution",
+        "fixed_in",
+        "fixed_marker",
+        "module",
+        "name",
+        "note",
+        "resolve",
+        "skip",
+        "supported",
+        "user",
+        "where",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        attribute: str,
+        where: str = "",
+        *,
+        distribution: str | None = None,
+        supported: str | None = None,
+        fixed_in: str | None = None,
+        fixed_marker: str | None = None,
+        note: str = "",
+        skip: Skip | None = None,
+        resolve: Resolve | None = None,
+        user: bool = False,
+    ) -> None:
+        self.name = name
+        self.module = module
+        self.attribute = attribute
+        self.where = parse_where(where)
+        self.distribution = distribution
+        self.supported = supported
+        self.fixed_in = fixed_in
+        self.fixed_marker = fixed_marker
+        self.note = note
+        self.skip = skip
+        self.resolve = resolve
+        self.user = user  # from TE_OFFLOAD_SHIM_TARGETS: an absent attribute is then a mistake
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}:{self.attribute}"
+
+    def __repr__(self) -> str:
+        return f"Target({self.name!r}, {self.path!r})"
+
+
+def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
+    """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
+
+    Returns the good entries and one message per malformed entry (the others still work)."""
+    targets: list[Target] = []
+    problems: list[str] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        path, _, where = entry.partition("@")
+        module, sep, attribute = path.partition(":")
+        if not sep or not all(p.isidentifier() for p in module.split(".")):
+            problems.append(f"{entry!r}: expected pkg.module:function or pkg.module:Class.method")
+            continue
+        parts = attribute.split(".")
+        if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+            problems.append(f"{entry!r}: attribute must be function or Class.method")
+            continue
+        try:
+            targets.append(Target(path, module, attribute, where, user=True))
+        except ValueError as exc:
+            problems.append(f"{entry!r}: {exc}")
+    return targets, problems

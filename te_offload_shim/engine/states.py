@@ -1,0 +1,61 @@
+"""The typed reports of the engine: each target's `TargetState`, the `status()` rows and report,
+and the `stats()` totals. Types only, importing nothing of the package: the start-up module names
+them for type checkers, and `engine/status.py` fills them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypedDict
+
+TargetState = Literal[
+    "patched",  # our wrapper is in place and armed
+    "pending",  # installed, the target module is not imported yet
+    "not installed",  # the shim is not installed in this process
+    "disabled",  # switched off by TE_OFFLOAD_SHIM_DISABLE
+    "fixed upstream",  # this release clears the caches itself: left alone
+    "absent",  # the module has no such attribute (another release of the framework)
+    "error",  # patching failed: `detail` says why; the target runs unpatched
+]
+
+
+class TargetRow(TypedDict):
+    name: str
+    target: str  # module:attribute
+    imported: bool
+    state: TargetState
+    detail: str  # why, for "error" (else empty)
+    layers: int  # our wrapper layers on the attribute (1 when patched)
+
+
+class Status(TypedDict):
+    version: str
+    enabled: bool
+    installed: bool
+    strict: bool
+    targets: list[TargetRow]
+    user_target_problems: list[str]
+    hook_errors: list[str]
+
+
+class TargetTotals(TypedDict):
+    calls: int
+    entries: int
+    bytes: int
+
+
+class Stats(TypedDict):
+    calls: int  # wrapped offload calls
+    cleared_calls: int  # of those, calls that cleared at least one entry
+    entries: int  # cache entries cleared
+    modules: int  # TE modules whose caches were cleared
+    bytes: int  # bytes those entries held (each storage once)
+    released_bytes: int  # allocator bytes released by the clearing (CUDA only; 0 elsewhere)
+    skipped: int  # modules or chunks left alone (CUDA graphs, TE < 1.8 layout, ...)
+    errors: int  # the shim's own errors (each also logged once)
+    primary_weight_bytes: int  # FP8 primary weights' transpose/columnwise copies seen at the last call
+    # TE layers that held nothing at the last call because caching is off by configuration (Megatron's
+    # disable_parameter_transpose_cache, TE under FSDP2), by reason: its 0 entries cleared are no loss
+    caching_off: dict[str, int]
+    by_target: dict[str, TargetTotals]
+    left_alone: dict[str, dict[str, int]]  # target -> the reason its skip rule gave -> calls left alone
+    audit: dict[str, Any] | None  # the latest TE_OFFLOAD_SHIM_AUDIT report (None until one ran)

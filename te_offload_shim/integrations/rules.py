@@ -1,0 +1,75 @@
+"""The rules the target table refers to: when a framework's call is left alone (skip rules), and
+where the models are when the argument is not the model (resolvers).
+
+Each skip rule is a function of the bound call (parameter name -> value) that returns the reason the
+call is left alone, or None to clear. Its reasons are of two kinds: the call moves no weights
+(`move_params=False`), or the framework clears the caches itself behind a flag.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from te_offload_shim.integrations.megatron import modules_of_buffer
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from te_offload_shim.engine.schema import Skip
+
+
+def skip_when_false(param: str, why: str) -> Skip:
+    """Leave the call alone when `param` is passed false (it defaults to moving the weights)."""
+
+    def skip(call: Mapping[str, Any]) -> str | None:
+        value = call.get(param, True)
+        return None if value else f"{param}={value!r}: {why}"
+
+    skip.__name__ = f"skip_unless_{param}"
+    return skip
+
+
+def skip_unless_model_params(call: Mapping[str, Any]) -> str | None:
+    """ROLL: `include=None` means every state; otherwise the list must name model params."""
+    include = call.get("include")
+    if include is None:
+        return None
+    if isinstance(include, str):  # one OffloadStateType (a str Enum) rather than a list of them
+        include = (include,)
+    try:
+        names = {getattr(item, "name", item) for item in include}
+        values = {getattr(item, "value", item) for item in include}
+    except TypeError:
+        names = values = {getattr(include, "name", include)}
+    if "model_params" in names or "model_params" in values:
+        return None
+    return "include names no model_params: the weights stay on the device"
+
+
+def skip_unless_weights(call: Mapping[str, Any]) -> str | None:
+    """AReaL awex: `tags = tags or ["optimizer", "weights"]`, so an empty list means both too."""
+    tags = call.get("tags")
+    return None if not tags or "weights" in tags else "tags name no weights: the weights stay on the device"
+
+
+def nemo_rl_clears_itself(call: Mapping[str, Any]) -> str | None:
+    """NeMo-RL >= 0.7 clears the caches itself when `policy.megatron_cfg.fp8_cfg.force_clear_fp8_caches`
+    (read as `self.fp8_cfg.get("force_clear_fp8_caches", False)`, megatron_policy_worker.py @04fc1377)."""
+    fp8_cfg = getattr(call.get("self"), "fp8_cfg", None)
+    get = getattr(fp8_cfg, "get", None)  # a dict, or an OmegaConf DictConfig
+    if callable(get) and get("force_clear_fp8_caches", False):
+        return "NeMo-RL fp8_cfg.force_clear_fp8_caches is on: it clears the caches itself"
+    return None
+
+
+def miles_clears_itself(call: Mapping[str, Any]) -> str | None:
+    """miles PR #2142: `--clear-quantized-weight-workspaces-on-offload` (default on)."""
+    args = getattr(call.get("self"), "args", None)
+    if getattr(args, "clear_quantized_weight_workspaces_on_offload", False):
+        return "miles --clear-quantized-weight-workspaces-on-offload is on: it clears the caches itself"
+    return None
+
+
+def megatron_buffer_modules(buffer: Any) -> tuple[Any, list[Any]]:
+    """megatron-core: only the TE layers whose weights live in the offloaded buffer."""
+    return modules_of_buffer(buffer)

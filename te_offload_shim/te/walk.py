@@ -1,0 +1,106 @@
+"""One pass over a model chunk's module tree: the TE layers with caches (by layout), the CUDA-graph
+marks on the way, the modules that could not be read; and the names of modules for reports.
+
+Instance dicts only: `getattr(module, "_fp8_workspaces", None)` on a non-TE module goes through
+`nn.Module.__getattr__` and raises inside it, and a property of a module is never run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from te_offload_shim.te.graphs import MEGATRON_GRAPH_LIST, MEGATRON_GRAPH_SUBMODULE, te_graph_mark
+from te_offload_shim.te.layouts import LEGACY_MARKER, WORKSPACES
+
+
+class Tree(NamedTuple):
+    """What one walk over a chunk found."""
+
+    modern: list[tuple[Any, dict]]
+    legacy: list[tuple[Any, dict]]
+    graph_mark: str | None
+    unreadable: list[tuple[Any, Exception]]  # modules reading which raised: left alone, reported
+
+
+def child_modules(module: Any) -> list[tuple[str, Any]]:
+    """(name, child) of `module`, even when its class overrides `__dict__`: the generic attribute
+    lookup reads the instance dict directly, never through a `__dict__` property."""
+    try:
+        children = object.__getattribute__(module, "_modules")
+        return [(k, v) for k, v in children.items() if v is not None] if isinstance(children, dict) else []
+    except Exception:
+        return []
+
+
+def walk(chunk: Any) -> Tree:
+    """One pass over the module tree reading instance dicts only. This loop runs
+    once per module of a model of up to millions of modules, hence the local aliases. A module
+    that cannot be read costs only itself: its children are still walked."""
+    modern: list[tuple[Any, dict]] = []
+    legacy: list[tuple[Any, dict]] = []
+    unreadable: list[tuple[Any, Exception]] = []
+    graph_mark = None
+    seen: set[int] = set()
+    stack = [chunk]
+    pop, push, mark_seen = stack.pop, stack.extend, seen.add
+    while stack:
+        module = pop()
+        if module is None or id(module) in seen:
+            continue
+        mark_seen(id(module))
+        try:
+            d = module.__dict__
+            children = d.get("_modules")
+            if children:
+                if graph_mark is None and children.get(MEGATRON_GRAPH_SUBMODULE) is not None:
+                    graph_mark = f"{type(module).__name__}.{MEGATRON_GRAPH_SUBMODULE} is set"
+                push(children.values())
+            if graph_mark is None and MEGATRON_GRAPH_LIST in d and d[MEGATRON_GRAPH_LIST]:
+                graph_mark = f"{type(module).__name__}.{MEGATRON_GRAPH_LIST} holds captured graphs"
+            if graph_mark is None and ("forward" in d or "reset" in d or "backward_dw" in d):
+                graph_mark = te_graph_mark(module)
+            if WORKSPACES in d:
+                modern.append((module, d))
+            elif LEGACY_MARKER in d:
+                legacy.append((module, d))
+        except Exception as exc:
+            unreadable.append((module, exc))
+            push(child for _, child in child_modules(module))
+    return Tree(modern, legacy, graph_mark, unreadable)
+
+
+class Names:
+    """Names of a chunk's modules for skip and error records, as `named_modules()` gives them.
+
+    Worked out only when a record needs one, and without recursion: `named_modules()` recurses, so
+    it raises RecursionError on a tree deeper than the recursion limit. One pass stores each
+    module's parent link; a name is then put together by following the links up."""
+
+    def __init__(self, index: int, chunk: Any) -> None:
+        self.prefix = f"chunk{index}"
+        self._chunk = chunk
+        self._links: dict[int, tuple[int, str] | None] | None = None
+
+    def _link_all(self) -> dict[int, tuple[int, str] | None]:
+        links: dict[int, tuple[int, str] | None] = {}
+        stack: list[tuple[Any, tuple[int, str] | None]] = [(self._chunk, None)]
+        while stack:  # pre-order, children in order: a shared module keeps its first name
+            module, link = stack.pop()
+            if id(module) in links:
+                continue
+            links[id(module)] = link
+            stack.extend((child, (id(module), key)) for key, child in reversed(child_modules(module)))
+        return links
+
+    def __call__(self, module: Any) -> str:
+        if self._links is None:
+            self._links = self._link_all()
+        if id(module) not in self._links:
+            return f"{self.prefix}.<{type(module).__name__}>"
+        keys = []
+        link = self._links[id(module)]
+        while link is not None:
+            parent, key = link
+            keys.append(key)
+            link = self._links[parent]
+        return ".".join([self.prefix, *reversed(keys)])

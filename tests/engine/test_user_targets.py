@@ -1,0 +1,176 @@
+"""User-declared targets (`TE_OFFLOAD_SHIM_TARGETS`) and switching targets off (`TE_OFFLOAD_SHIM_DISABLE`).
+
+Parsing is pure and tested in-process; patching runs in fresh interpreters on a real module the test
+writes, with TE-layout stand-in layers (harness/te_standins.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TARGETS = Path(__file__).resolve().parents[1] / "hostile" / "targets"  # where `usermod` lives
+
+GOOD = [
+    "usermod.offload:offload",
+    "usermod.offload:offload_pair@arg1",
+    "usermod.offload:offload_holder@models.chunks",
+    "usermod.offload:Engine.offload@self.model",
+    "usermod.offload:Engine.offload_arg@arg1",
+    "usermod.offload:Strategy.offload_states@self.model.get_models()",
+]
+NAMES = [entry.partition("@")[0] for entry in GOOD]  # a user target is named by its path, without @where
+MALFORMED = [
+    "nocolon",
+    "usermod.offload:",
+    "usermod..offload:offload",
+    "usermod.offload:A.b.c",
+    "usermod.offload:offload@self.model(",
+    "usermod.offload:offload@()",
+    "usermod.offload:offload@1x",
+    "usermod.offload:offload@self.get().model",
+    "import os:system",
+]
+
+
+def use_usermod() -> None:
+    sys.path.insert(0, str(TARGETS))
+
+
+def drive() -> dict[str, Any]:
+    """Call each of the user's offload functions on TE-layout layers; what the shim saw."""
+    import te_offload_shim as shim
+    from harness import te_standins
+
+    use_usermod()
+    u = importlib.import_module("usermod.offload")
+
+    def layers(k: int = 2) -> list:
+        out = []
+        for _ in range(k):
+            m = te_standins.TELinearStandIn(8, 8)
+            te_standins.fill_like_forward(m)
+            out.append(m)
+        return out
+
+    u.offload(layers())
+    u.offload_pair("pair", layers())
+    u.offload_holder(u.Holder(layers()))
+    u.Engine(layers()).offload()
+    u.Engine(layers()).offload_arg("arg", models=layers())
+    u.Strategy(layers()).offload_states()
+    status = shim.status()
+    return {
+        "flushes": [list(f) for f in u.FLUSHES],
+        "stats": shim.stats(),
+        "states": {t["name"]: t["state"] for t in status["targets"] if t["name"].startswith("usermod")},
+        "problems": status["user_target_problems"],
+    }
+
+
+def test_parse_where_forms() -> None:
+    from te_offload_shim.engine.schema import parse_where
+
+    assert (parse_where("").root, parse_where("").path) == ("arg0", ())
+    w = parse_where("self.model.get_models()")
+    assert (w.root, w.path, w.call) == ("self", ("model", "get_models"), True)
+    assert (parse_where("models.chunks").root, parse_where("models.chunks").path) == ("models", ("chunks",))
+    for bad in ("self.model(", "()", "1x", "a-b", "self.get().model", "self..model", "x()"):
+        with pytest.raises(ValueError):
+            parse_where(bad)
+
+
+def test_parse_user_targets_keeps_the_good_and_reports_the_bad() -> None:
+    from te_offload_shim.engine.schema import parse_user_targets
+
+    targets, problems = parse_user_targets(", ".join(GOOD[:2] + MALFORMED + GOOD[2:]) + ",,")
+    assert [t.name for t in targets] == NAMES, "order kept, malformed ones dropped, empty ones ignored"
+    assert [t.where.text for t in targets] == [
+        "",
+        "arg1",
+        "models.chunks",
+        "self.model",
+        "arg1",
+        "self.model.get_models()",
+    ]
+    assert len(problems) == len(MALFORMED)
+    for entry, problem in zip(MALFORMED, problems, strict=True):
+        assert problem.startswith(repr(entry)), problem
+
+
+def test_builtin_names_are_unique_and_where_specs_parse() -> None:
+    from te_offload_shim.integrations.targets import BUILTIN
+
+    names = [t.name for t in BUILTIN]
+    assert len(names) == len(set(names))
+    assert all(t.where.root in ("self", "models") for t in BUILTIN)
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ",".join([*GOOD, *MALFORMED, "usermod.offload:missing"])})
+def test_user_targets_patch_a_real_module(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    import te_offload_shim  # noqa: F401  (first)
+
+    r = drive()
+    assert r["flushes"] == [["offload", 0], ["pair", 0], ["holder", 0], ["engine", 0], ["arg", 0], ["strategy", 0]]
+    assert r["stats"]["calls"] == 6 and r["stats"]["entries"] == 12
+    assert {k: v["entries"] for k, v in r["stats"]["by_target"].items()} == {name: 2 for name in NAMES}
+    assert r["states"] == {**{name: "patched" for name in NAMES}, "usermod.offload:missing": "absent"}
+    assert len(r["problems"]) == len(MALFORMED)
+    assert caplog.text.count(f"ignoring {'TE_OFFLOAD_SHIM_TARGETS'} entry") == len(MALFORMED)
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ",".join(GOOD)})
+def test_user_module_imported_before_the_shim() -> None:
+    use_usermod()
+    importlib.import_module("usermod.offload")
+    assert "te_offload_shim" not in sys.modules
+    r = drive()
+    assert all(entries == 0 for _, entries in r["flushes"]) and r["stats"]["calls"] == 6
+
+
+DISABLES = ["usermod.offload:offload,usermod.offload:Engine.offload", "*"]
+
+
+def disabling(disable: str) -> Any:
+    env = {"TE_OFFLOAD_SHIM_TARGETS": ",".join(GOOD), "TE_OFFLOAD_SHIM_DISABLE": disable}
+    return pytest.param(disable, marks=pytest.mark.subprocess(env=env))
+
+
+@pytest.mark.parametrize("disable", [disabling(d) for d in DISABLES])
+def test_disable_user_targets(disable: str) -> None:
+    import te_offload_shim  # noqa: F401  (first)
+
+    r = drive()
+    off = set(NAMES) if disable == "*" else set(disable.split(","))
+    assert {k for k, v in r["states"].items() if v == "disabled"} == off
+    flushes = dict(r["flushes"])
+    assert flushes["offload"] == 2 and flushes["engine"] == 2, "disabled: left in place"
+    if disable != "*":
+        assert flushes["pair"] == flushes["strategy"] == 0, "the others still work"
+        assert r["stats"]["calls"] == 4
+
+
+@pytest.mark.subprocess(
+    verl="0.8.0", env={"TE_OFFLOAD_SHIM_TARGETS": GOOD[0], "TE_OFFLOAD_SHIM_DISABLE": " verl , nemo-rl"}
+)
+def test_disable_verl_by_name_leaves_other_targets_on() -> None:
+    import te_offload_shim as shim
+    from harness import te_standins
+    from te_offload_shim.engine.patch import shim_layers
+
+    mu = importlib.import_module("verl.utils.megatron_utils")
+    use_usermod()
+    u = importlib.import_module("usermod.offload")
+    m = te_standins.TELinearStandIn(8, 8)
+    te_standins.fill_like_forward(m)
+    u.offload([m])
+    states = {t["name"]: t["state"] for t in shim.status()["targets"]}
+    assert states["verl"] == "disabled" and shim_layers(mu.offload_megatron_model_to_cpu) == 0
+    assert states["nemo-rl"] == "disabled" and states["megatron-core"] == "patched"
+    assert states[GOOD[0]] == "patched" and [list(f) for f in u.FLUSHES] == [["offload", 0]]

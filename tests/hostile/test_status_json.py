@@ -1,0 +1,59 @@
+"""`te-offload-shim status --import --json` prints one JSON document, whatever the targets' imports
+print: a C extension's printf, a subprocess it runs and a write to file descriptor 1 bypass Python's
+sys.stdout (tests/hostile/targets/noisy_import.py does all three). What they printed is in the report
+(`import_output`), not ahead of it or behind it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import DEPS, REPO, child_env
+
+TARGETS = Path(__file__).resolve().parent / "targets"
+NOISE = [
+    "noisy_import: written to file descriptor 1",
+    "noisy_import: printf from C",
+    "noisy_import: from a subprocess",
+    "noisy_import: print",
+]
+
+
+@pytest.fixture(scope="module")
+def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An interpreter without torch and the frameworks (whose imports `--import` would otherwise run,
+    about 5 s each time): a venv seeing only this checkout and wrapt."""
+    root = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    (site,) = root.glob("lib/python3.*/site-packages")
+    (site / "checkout.pth").write_text(f"{REPO}\n{DEPS / 'wrapt-1'}\n")
+    return root / "bin" / "python"
+
+
+def _status(python: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    env = child_env({"TE_OFFLOAD_SHIM_TARGETS": "noisy_import:offload"}, path=[TARGETS])
+    command = [str(python), "-m", "te_offload_shim", "status", "--import", *flags]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
+
+
+def test_status_import_json_is_one_json_document_whatever_the_imports_print(python: Path) -> None:
+    proc = _status(python, "--json")
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        pytest.fail(f"stdout is not one JSON document:\n{proc.stdout[:2000]}")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(line for line in report["import_output"] if line.startswith("noisy_import")) == sorted(NOISE)
+    row = {r["name"]: r for r in report["targets"]}["noisy_import:offload"]
+    assert row["state"] == "patched" and row["import_error"] is None
+
+
+def test_status_import_shows_what_the_imports_printed_after_the_report(python: Path) -> None:
+    lines = _status(python).stdout.splitlines()
+    assert lines[0].startswith("te-offload-shim "), "nothing ahead of the report"
+    assert lines[-1] == "healthy"
+    shown = [line.removeprefix("  | ") for line in lines if line.startswith("  | ")]
+    assert sorted(line for line in shown if line.startswith("noisy_import")) == sorted(NOISE)
