@@ -1,8 +1,9 @@
 """FP8 primary weights (`fp8_model_init` / `quantized_model_init`): TE keeps no workspace for them,
 but the parameter carries its own column-wise copy (a Float8Tensor's `_transpose`). The shim drops
-that transpose (through TE's `update_usage`) from TE 2.4, where every module rebuilds it when it
-is next needed; these tests train a stack of two layers, so the second layer's backward runs the
-dgrad GEMM that reads the transpose (the twin's GEMM raises, as TE's does, if it is missing)."""
+that transpose (through TE's own API for it: `clear_columnwise_cache`, `remove_caches` or
+`update_usage`, as the release has) from TE 2.4, where every module rebuilds it when it is next
+needed; these tests train a stack of two layers, so the second layer's backward runs the dgrad
+GEMM that reads the transpose (the twin's GEMM raises, as TE's does, if it is missing)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_fp8_primary_weight_transpose_drop_then_a_step_is_bit_identical(release:
     column-wise data, which is not a cache), `primary_weight_bytes` reports what stays in place."""
     need(release, recipe, module)
     from harness.te_twin import training
-    from te_offload_shim.te.caches import TRANSPOSE_REBUILT_FROM, clear_fp8_workspaces
+    from te_offload_shim.te.caches import clear_fp8_workspaces
+    from te_offload_shim.te.primary import TRANSPOSE_REBUILT_FROM
 
     reports: list[Any] = []
     dropped: list[bool] = []
@@ -47,17 +49,19 @@ def test_fp8_primary_weight_transpose_drop_then_a_step_is_bit_identical(release:
     if drops:
         assert all(r.primary_weight_cleared > 0 and r.primary_weight_bytes == 0 for r in reports), reports
         assert all(dropped), dropped
+        ways = {getattr(r, "primary_weight_dropped_by", "update_usage") for r in reports}
+        assert ways <= {"clear_columnwise_cache", "remove_caches", "update_usage"}, ways
     else:
         assert all(r.primary_weight_cleared == 0 and r.primary_weight_bytes > 0 for r in reports), reports
 
 
 def test_the_release_boundary_of_the_transpose_drop_a_drop_before_2_4_breaks_the_next_step(release: str) -> None:
-    """Why the shim drops primary-weight transposes only from TE 2.4 (te_caches.TRANSPOSE_REBUILT_FROM):
+    """Why the shim drops primary-weight transposes only from TE 2.4 (te/primary.py TRANSPOSE_REBUILT_FROM):
     the same drop through TE's own `update_usage(columnwise_usage=False)` after an optimizer step
     is rebuilt before the next dgrad from 2.4 on, and before 2.4 it is not: the next backward's
     dgrad GEMM raises TE's "missing column-wise usage" error (the twin is as strict as the GPU)."""
     from harness.te_twin import training
-    from te_offload_shim.te.caches import TRANSPOSE_REBUILT_FROM
+    from te_offload_shim.te.primary import TRANSPOSE_REBUILT_FROM
 
     def drop(model: Any, step: int, microbatch: int) -> None:
         for p in model.parameters():
