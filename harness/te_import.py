@@ -178,16 +178,19 @@ _OTHER_FRAMEWORKS = ("transformer_engine.jax", "transformer_engine.paddle")
 INIT_SKIPPED: str | None = None
 
 
-def load(release: str) -> types.ModuleType:
+def load(release: str, extension: types.ModuleType | None = None) -> types.ModuleType:
     """Put `.deps/te-<release>` first on sys.path and import `transformer_engine` and
-    `transformer_engine.pytorch` from it, replaced parts as described above. Returns the latter."""
+    `transformer_engine.pytorch` from it, replaced parts as described above. Returns the latter.
+    `extension`: the module to serve as `transformer_engine_torch` instead of the stand-in above
+    (harness/te_twin's CPU twin, whose kernels compute)."""
     if "transformer_engine" in sys.modules:
         raise RuntimeError("transformer_engine is already imported in this interpreter")
     if not te_releases.installed(release):
         raise FileNotFoundError(f"TE {release} is not in {te_releases.folder(release)} (run scripts/setup-env.sh)")
     sys.path[:0] = [str(te_releases.folder(release)), *map(str, te_releases.PYDEPS)]
-    extension = _Extension(EXTENSION, "stand-in for TE's compiled extension (harness/te_import.py)")
-    extension.__all__ = star_imported_names(te_releases.folder(release))  # type: ignore[attr-defined]
+    if extension is None:
+        extension = _Extension(EXTENSION, "stand-in for TE's compiled extension (harness/te_import.py)")
+        extension.__all__ = star_imported_names(te_releases.folder(release))  # type: ignore[attr-defined]
     sys.modules[EXTENSION] = extension
     for absent in _OTHER_FRAMEWORKS:  # TE's JAX / Paddle bindings: their import is tried and fails anyway
         sys.modules.setdefault(absent, None)  # type: ignore[arg-type]

@@ -1,0 +1,61 @@
+"""The caches TE's own forward makes, and what the shim reports and frees of them (on the twin:
+TE's real Python, its compiled extension replaced by CPU kernels; tests/twin/conftest.py)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+
+from harness.te_twin.cells import MODULES, RECIPES, expected_keys, need
+
+pytestmark = pytest.mark.twin
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("module", MODULES)
+def test_caches_are_the_ones_te_forward_made_and_the_shim_counts_and_frees_them(
+    release: str, module: str, recipe: str
+) -> None:
+    """An empty `_fp8_workspaces` before the forward; after one forward(is_first_microbatch=True)
+    and its backward, the keys TE's source uses, holding TE's own quantized values of the current
+    weight; `scan` and `clear_fp8_workspaces` report exactly those entries and the bytes of their
+    unique inner storages (found here by walking the values, not by the shim's field list), the
+    dict is empty after the clear and the storages are freed."""
+    need(release, recipe, module)
+    from harness import te_twin
+    from harness.te_twin import training
+    from te_offload_shim.te.caches import clear_fp8_workspaces, scan
+
+    model = training.build(module)
+    assert model.__dict__["_fp8_workspaces"] == {}
+    with te_twin.autocast(training.make_recipe(recipe)):
+        y = training.forward(model, training.batch(0, 0), True)
+    y.float().square().mean().backward()
+    del y
+    entries = training.workspaces(model)
+    assert sorted(k.split(".", 1)[1] for k in entries) == sorted(expected_keys(release, module))
+    family = training.VALUE_FAMILY[recipe]
+    weights = dict(model.named_parameters())  # a cache key is its weight's parameter name
+    for key, value in entries.items():
+        name = key.split(".", 1)[1]
+        assert any(c.__name__.startswith(family) for c in type(value).__mro__), (key, type(value).__mro__)
+        # the cached value is the quantized current weight (FP8's error: under 1/8 of each entry,
+        # or of the block's amax for scaled blocks)
+        weight = weights[name].detach()
+        error = (value.dequantize().float() - weight).abs()
+        assert float(error.max()) <= float(weight.abs().max()) / 8, (key, float(error.max()))
+    inner = [t for v in entries.values() for t in training.inner_tensors(v)]
+    expected = training.unique_storage_bytes(inner)
+    assert expected > 0
+    seen = scan(model)
+    assert (seen.entries, seen.bytes, seen.bytes_shared, seen.errors) == (len(entries), expected, 0, [])
+    refs = [weakref.ref(t) for t in inner]
+    del inner, entries, value
+    report = clear_fp8_workspaces(model, strict=True)
+    assert (report.entries, report.bytes, report.errors, report.skipped) == (seen.entries, expected, [], [])
+    assert model.__dict__["_fp8_workspaces"] == {}
+    gc.collect()
+    alive = [t for t in (r() for r in refs) if t is not None]
+    assert not alive, f"{len(alive)} inner tensors still referenced after the clear: {[tuple(t.shape) for t in alive]}"
