@@ -39,12 +39,11 @@ def one_case(shim: bool, layers: int, hidden: int, te: str) -> dict:
     if torch.cuda.is_available():
         why = "CUDA machine: TE's CPU twin cannot share a process with a real GPU"
         return _standin_case(shim, layers, hidden, why)
-    from harness import gpt_on_twin as gpt
+    from harness import gpt_on_twin, te_releases
 
-    try:
-        gpt.load(te)
-    except ImportError as exc:
-        return _standin_case(shim, layers, hidden, f"TE {te} could not be imported on the twin: {exc}")
+    if not te_releases.installed(te):  # checked first: a failed load leaves the twin's CUDA answers behind
+        return _standin_case(shim, layers, hidden, f"TE {te} is not in {te_releases.folder(te)} (setup-env.sh)")
+    gpt_on_twin.load(te)
     return _twin_case(shim, layers, hidden, te)
 
 
