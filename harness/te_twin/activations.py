@@ -54,8 +54,8 @@ def _emit(values: torch.Tensor, like: torch.dtype, quantizer: Any) -> Any:
 
     kind = storage.quantizer_kind(quantizer)
     if kind is None:
-        return values.to(like)
-    source = values if kind in ("delayed", "mxfp8") else values.to(like)
+        return storage.output(values, like)
+    source = values if kind in ("delayed", "mxfp8") else storage.output(values, like)  # unfused: a temporary
     out = cast.create(quantizer, list(values.shape), like)
     return cast.quantize_into(source, quantizer, out)
 
@@ -103,7 +103,7 @@ def _dbias(name: str, backward: Any) -> Callable[..., Any]:
         kind = storage.quantizer_kind(quantizer)
         fused = kind in ("delayed", "mxfp8")
         summed = values if fused else values.to(grad_output.dtype).float()
-        dbias = storage.to_2d(summed).sum(0).to(grad_output.dtype)
+        dbias = storage.output(storage.to_2d(summed).sum(0), grad_output.dtype)
         return [dbias, _emit(values, grad_output.dtype, quantizer)]
 
     run.__doc__ = f"tex.dbias_d{name}(grad_output, act_input, quantizer) -> [dbias, dact] (bias.cpp)"

@@ -73,7 +73,7 @@ def dequantize(input: Any, otype: Any) -> torch.Tensor:
     if kind is None:
         raise RuntimeError("dequantize expects a quantized tensor")
     recipe = _recipe({"float8": "delayed"}.get(kind, kind))
-    return recipe.dequantize(input, dtypes.to_torch(otype))
+    return storage.output(recipe.dequantize(input, dtypes.to_torch(otype)))
 
 
 @kernel("create_empty_quantized_tensor")
@@ -98,7 +98,8 @@ def bgrad_quantize(input: torch.Tensor, quantizer: Any) -> list[Any]:
     the bias gradient is the sum over all rows, in the input's type; the fused dbias + cast kernels
     cast the same values as a plain quantize."""
     x = input.contiguous()
-    grad_bias = storage.to_2d(x).float().sum(0).to(x.dtype) if x.numel() else torch.zeros(x.shape[-1], dtype=x.dtype)
+    summed = storage.to_2d(x).float().sum(0) if x.numel() else torch.zeros(x.shape[-1])
+    grad_bias = storage.output(summed, x.dtype)
     if quantizer is None:
         return [grad_bias, x]
     return [grad_bias, quantize_new(x, quantizer)]

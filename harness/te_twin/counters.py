@@ -1,8 +1,12 @@
-"""What TE asked of its extension, and what it allocated, while counting is on.
+"""What TE asked of its extension, and what it allocated on the device, while counting is on.
 
-`counting()` turns the count on for a block: every twin kernel call is counted by name
-(`calls`), and every tensor allocated on the (twin) device is counted in `allocated_bytes` (by the
-torch-function mode, harness/te_twin/redirect.py). Used by benchmarks/twin_step_cost.py.
+`counting()` turns the count on for a block: every twin kernel call TE makes is counted by name
+(`calls`; kernels a kernel calls are not), and every tensor allocated on the (twin) device is
+counted in `allocated_bytes` / `allocations` by the torch-function mode (redirect.py): an
+allocation that names the CUDA device (TE's Python, and the extension's outputs, which the twin
+allocates on "cuda" as the C++ does), or a `*_like` allocation in TE's Python (its tensors all live
+on the device). The twin's own float32 temporaries are not device memory and are not counted.
+Used by benchmarks/twin_step_cost.py.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 active = False
+depth = 0  # > 0 while a twin kernel runs
 calls: collections.Counter[str] = collections.Counter()
 allocated_bytes = 0
 allocations = 0
@@ -52,9 +57,14 @@ def kernel(name: str) -> Callable[[F], F]:
     def wrap(func: F) -> F:
         @functools.wraps(func)
         def run(*args: Any, **kwargs: Any) -> Any:
-            if active:
+            global depth
+            if active and depth == 0:
                 calls[name] += 1
-            return func(*args, **kwargs)
+            depth += 1
+            try:
+                return func(*args, **kwargs)
+            finally:
+                depth -= 1
 
         run.__twin_kernel__ = name  # type: ignore[attr-defined]
         return run  # type: ignore[return-value]

@@ -211,6 +211,7 @@ def build(release: tuple[int, ...], folder: Path) -> TwinExtension:
     is the release's wheel, whose by-name imports from the extension must resolve)."""
     module = TwinExtension("transformer_engine_torch", "CPU twin of TE's compiled extension (harness/te_twin)")
     module.missing = []
+    module.__twin_release__ = release  # type: ignore[attr-defined]
     names: dict[str, Any] = {"DType": dtypes.make_enum(release)}
     for name, members in enums(release).items():
         names[name] = enum.IntEnum(name, members, module="transformer_engine_torch")  # type: ignore[misc]
@@ -250,6 +251,10 @@ def build(release: tuple[int, ...], folder: Path) -> TwinExtension:
         **activations.KERNELS,
     }
     names.update(kernels)
+    if release < (2, 3):  # TE's Python swizzled MXFP8 scales itself before each GEMM
+        from harness.te_twin import mxfp8
+
+        names.update({"rowwise_swizzle": mxfp8.rowwise_swizzle, "columnwise_swizzle": mxfp8.columnwise_swizzle})
     if release < (2, 5):  # an attribute before 2.5 (pybind.cpp: m.attr("_num_cublas_streams"), gemm.h num_streams)
         del names["get_num_cublas_streams"]
         names["_num_cublas_streams"] = 4

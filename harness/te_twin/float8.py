@@ -31,7 +31,7 @@ def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype, device: An
     data = storage.empty(shape, torch.uint8) if with_data else None
     transpose = storage.empty(storage.transpose_shape(shape), torch.uint8) if with_transpose else None
     if storage.quantizer_kind(quantizer) == "delayed":
-        scale_inv = torch.reciprocal(quantizer.scale)
+        scale_inv = storage.output(torch.reciprocal(quantizer.scale))  # at::reciprocal(scale)
     else:
         scale_inv = storage.empty([1], torch.float32)
     fields = {

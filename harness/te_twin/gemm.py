@@ -220,13 +220,13 @@ def generic_gemm(*args: Any, **kwargs: Any) -> list[Any]:
     D = _write_output(d, D, quantizer, out_dtype, storage.family(A) == "float8" or storage.family(B) == "float8")
     if bias_grad is not None:
         bias_type = a.get("bias_type")
-        bias_grad = bias_grad.to(
-            out_dtype if bias_type is None or storage.family(B) is None else dtypes.to_torch(bias_type)
+        bias_grad = storage.output(
+            bias_grad, out_dtype if bias_type is None or storage.family(B) is None else dtypes.to_torch(bias_type)
         )
     if pre_gelu is not None:
         low_precision = storage.family(A) is not None or storage.family(B) is not None
         gelu_type = dtypes.to_torch(a["bias_type"]) if low_precision else out_dtype
-        pre_gelu = pre_gelu.to(gelu_type)
+        pre_gelu = storage.output(pre_gelu, gelu_type)
     return [D, bias_grad, pre_gelu, a.get("extra_output")]
 
 
@@ -237,18 +237,16 @@ def _write_output(d: torch.Tensor, D: Any, quantizer: Any, out_dtype: torch.dtyp
     from harness.te_twin import cast
 
     kind = storage.quantizer_kind(quantizer)
-    fused = kind == "delayed" and per_tensor_inputs
-    source = d if fused else d.to(out_dtype)
-    if D is None:
-        if quantizer is None:
-            return source
-        return cast.quantize_new(source, quantizer)
-    if storage.family(D) is None:
-        D.copy_(source.reshape(D.shape))
+    if D is None and quantizer is None:
+        return storage.output(d, out_dtype)
+    if D is not None and storage.family(D) is None:  # cuBLAS writes the given output directly
+        D.copy_(d.reshape(D.shape).to(D.dtype))
         return D
     if quantizer is None:
         raise GemmError("a quantized GEMM output needs its quantizer")
-    return cast.quantize_into(source, quantizer, D)
+    fused = kind == "delayed" and per_tensor_inputs
+    source = d if fused else storage.output(d, out_dtype)  # unfused: a high-precision output first
+    return cast.quantize_new(source, quantizer) if D is None else cast.quantize_into(source, quantizer, D)
 
 
 _GROUPED_ARGS = (

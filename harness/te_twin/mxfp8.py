@@ -18,6 +18,10 @@ Sources (TransformerEngine main = 2.20.0.dev0, v2.9):
   order); column-wise scales are swizzled as their transpose (K-major for the GEMM). This is
   the documented cuBLAS layout; the twin reads it back itself, so a mistake in it would not show
   in any result, only in the bytes of the scale tensor.
+- Before 2.3 the GEMM expects swizzled scales and TE's Python swizzles them itself around each
+  GEMM (cpp_extensions/gemm.py `swizzle_inputs`, with the extension's `rowwise_swizzle` /
+  `columnwise_swizzle`, csrc/extensions/swizzle.cpp v2.1); from 2.3 the C++ GEMM swizzles
+  compact scales itself (gemm.cpp `swizzle_scales_for_gemm`).
 Padding entries of the scale tensors are written as 0 (the E8M0 code of 2^-127). `with_2d_quantization`
 (2.20, 32x32 blocks) is not twinned and raises.
 """
@@ -29,6 +33,7 @@ from typing import Any
 import torch
 
 from harness.te_twin import dtypes, storage
+from harness.te_twin.counters import kernel
 
 BLOCK = 32
 _RCP = {k: torch.tensor(1.0 / v, dtype=torch.float32) for k, v in dtypes.FP8_MAX.items()}  # max_norm_rcp
@@ -185,9 +190,15 @@ def _write_scales(target: torch.Tensor, codes: torch.Tensor, columnwise: bool, s
     target.view(-1).copy_(full.reshape(-1))
 
 
-def _read_scales(tensor: Any, columnwise: bool) -> torch.Tensor:
+def _gemm_expects_swizzled() -> bool:
+    import sys
+
+    return sys.modules["transformer_engine_torch"].__twin_release__ < (2, 3)
+
+
+def _read_scales(tensor: Any, columnwise: bool, for_gemm: bool = False) -> torch.Tensor:
     scales = tensor._columnwise_scale_inv if columnwise else tensor._rowwise_scale_inv
-    if getattr(tensor, "_with_gemm_swizzled_scales", False):
+    if getattr(tensor, "_with_gemm_swizzled_scales", False) or (for_gemm and _gemm_expects_swizzled()):
         rows, cols = scales.shape
         scales = unswizzle(scales.reshape(cols, rows)).t() if columnwise else unswizzle(scales)
     return scales
@@ -214,12 +225,12 @@ def quantize(x: torch.Tensor, quantizer: Any, out: Any, noop: torch.Tensor | Non
         _write_scales(out._columnwise_scale_inv, codes, True, swizzled)
 
 
-def _decode(tensor: Any, columnwise: bool) -> torch.Tensor:
+def _decode(tensor: Any, columnwise: bool, for_gemm: bool = False) -> torch.Tensor:
     """The float32 values [M, K] of one direction."""
     data = tensor._columnwise_data if columnwise else tensor._rowwise_data
     values = storage.to_2d(dtypes.decode_fp8(data, storage.fp8_dtype_of(tensor)))
     m, k = values.shape
-    scales = _read_scales(tensor, columnwise)
+    scales = _read_scales(tensor, columnwise, for_gemm)
     if columnwise:
         per = decode_scale(scales[: m // BLOCK, :k]).repeat_interleave(BLOCK, 0)
     else:
@@ -234,10 +245,24 @@ def gemm_operand(t: Any, transposed: bool, name: str) -> torch.Tensor:
         raise RuntimeError(f"Input {name} is missing row-wise usage")
     if not use_rowwise and t._columnwise_data is None:
         raise RuntimeError(f"Input {name} is missing column-wise usage")
-    values = _decode(t, columnwise=not use_rowwise)
+    values = _decode(t, columnwise=not use_rowwise, for_gemm=True)
     return values.t() if transposed else values
 
 
 def dequantize(tensor: Any, otype: torch.dtype) -> torch.Tensor:
     columnwise = tensor._rowwise_data is None
     return _decode(tensor, columnwise).reshape(logical_shape(tensor)).to(otype)
+
+
+@kernel("rowwise_swizzle")
+def rowwise_swizzle(input: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """tex.rowwise_swizzle(data, scale_inv) (2.1 - 2.3, swizzle.cpp): a swizzled copy of row-wise scales."""
+    return storage.output(swizzle(scale_inv.contiguous()))
+
+
+@kernel("columnwise_swizzle")
+def columnwise_swizzle(input: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """tex.columnwise_swizzle(data, scale_inv) (2.1 - 2.3): a swizzled copy of column-wise scales
+    (the swizzle of their transpose, in memory order)."""
+    rows, cols = scale_inv.shape
+    return storage.output(swizzle(scale_inv.t().contiguous()).reshape(rows, cols))

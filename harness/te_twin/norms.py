@@ -31,11 +31,10 @@ def _emit(values: torch.Tensor, out: Any, quantizer: Any, otype: torch.dtype) ->
     from harness.te_twin import cast
 
     kind = storage.quantizer_kind(quantizer)
-    source = values if kind in (None, "delayed") else values.to(otype)
+    source = values if kind == "delayed" else storage.output(values, otype)  # unfused: a temporary
     if kind is None:
-        source = values.to(otype)
         if out is None:
-            return source
+            return storage.output(source)
         out.copy_(source.reshape(out.shape))
         return out
     if out is None:
@@ -64,7 +63,7 @@ def layernorm_fwd(*args: Any, **kwargs: Any) -> list[Any]:
         values = values + a["bias"].float()
     otype = dtypes.to_torch(a["otype"])
     out = _emit(values.reshape(x.shape), a.get("ln_out"), a.get("quantizer"), otype)
-    return [out, mu, rsigma]
+    return [out, storage.output(mu), storage.output(rsigma)]
 
 
 @kernel("rmsnorm_fwd")
@@ -78,7 +77,7 @@ def rmsnorm_fwd(*args: Any, **kwargs: Any) -> list[Any]:
     values = rows * rsigma[:, None] * _gamma(a["weight"], bool(a["zero_centered_gamma"]))
     otype = dtypes.to_torch(a["otype"])
     out = _emit(values.reshape(x.shape), a.get("ln_out"), a.get("quantizer"), otype)
-    return [out, None, rsigma]
+    return [out, None, storage.output(rsigma)]
 
 
 @kernel("layernorm_bwd")
@@ -101,7 +100,11 @@ def layernorm_bwd(
     dx = rsigma.float()[:, None] * (dy - dy.mean(dim=1, keepdim=True) - xhat * (dy * xhat).sum(dim=1, keepdim=True) / n)
     dgamma = (g * xhat).sum(0)
     dbeta = g.sum(0)
-    return [dx.reshape(x.shape).to(x.dtype), dgamma.to(gamma.dtype), dbeta.to(gamma.dtype)]
+    return [
+        storage.output(dx.reshape(x.shape), x.dtype),
+        storage.output(dgamma, gamma.dtype),
+        storage.output(dbeta, gamma.dtype),
+    ]
 
 
 @kernel("rmsnorm_bwd")
@@ -122,4 +125,4 @@ def rmsnorm_bwd(
     n = rows.shape[1]
     dx = r * (dy - xhat * (dy * xhat).sum(dim=1, keepdim=True) / n)
     dgamma = (g * xhat).sum(0)
-    return [dx.reshape(x.shape).to(x.dtype), dgamma.to(gamma.dtype)]
+    return [storage.output(dx.reshape(x.shape), x.dtype), storage.output(dgamma, gamma.dtype)]

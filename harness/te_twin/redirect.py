@@ -11,8 +11,8 @@ Two places a mode does not reach, handled here:
 - `Tensor._make_wrapper_subclass` (how TE's `QuantizedTensor.__new__` makes its wrapper) is not
   dispatched through torch functions: it is wrapped to take the CPU as well.
 
-The mode also counts what the twin's step-cost benchmark reports: the bytes of every tensor
-allocated through it (`counters.allocated_bytes`).
+The mode also counts what the twin's step-cost benchmark reports: the bytes of the device
+allocations made through it (counters.py says which).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class ToCPU(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        on_device = "device" in kwargs and _is_cuda(kwargs["device"])
         if func in _TO:
             if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
                 return args[0]
@@ -60,8 +61,10 @@ class ToCPU(TorchFunctionMode):
         elif kwargs:
             kwargs = _cpu_device(kwargs)
         out = func(*args, **kwargs)
-        if counters.active and type(out) is torch.Tensor and getattr(func, "__name__", "") in _FACTORIES:
-            counters.allocated(out)
+        if counters.active and type(out) is torch.Tensor:
+            name = getattr(func, "__name__", "")
+            if name in _FACTORIES and (on_device or (name.endswith("_like") and counters.depth == 0)):
+                counters.allocated(out)
         return out
 
 

@@ -166,7 +166,15 @@ def non_tn_fp8_gemm_supported() -> bool:
 
 
 def empty(shape: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A new device tensor, as the C++ allocates its outputs (at::empty on CUDA)."""
     return torch.empty(shape, dtype=dtype, device="cuda")
+
+
+def output(values: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`values` in a new device tensor of `dtype` (a kernel's output, allocated as the C++ does)."""
+    out = empty(list(values.shape), values.dtype if dtype is None else dtype)
+    out.copy_(values)
+    return out
 
 
 def fp8_dtype_of(obj: Any) -> int:
