@@ -187,15 +187,18 @@ def main() -> int:
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / ".deps" / f"verl-{args.verl}")]))
     env.pop("TE_OFFLOAD_SHIM", None)
-    results = []
-    for case in ("without", "with"):
+    procs = []
+    for case in ("without", "with"):  # two fresh interpreters, side by side (most of each is imports)
         cmd = [sys.executable, __file__, "--case", case, "--layers", str(args.layers), "--hidden", str(args.hidden)]
         cmd += ["--te", args.te]
         case_env = dict(env, TE_OFFLOAD_SHIM="0") if case == "without" else env
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=case_env)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=case_env))
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate()
+        lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not lines:
-            print(proc.stdout, proc.stderr, file=sys.stderr)
+            print(stdout, stderr, file=sys.stderr)
             return 1
         results.append(json.loads(lines[-1][7:]))
     return report(results, args)
