@@ -10,10 +10,15 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 
 def test_the_demo_shows_te_caches_cleared_by_the_shim_and_bit_identical_losses() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("on a CUDA machine the demo runs its stand-ins on the GPU (demo/demo.py), not TE's twin")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
     proc = subprocess.run(
         [sys.executable, str(REPO / "demo" / "demo.py"), "--layers", "1", "--hidden", "16"],
