@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         process = _process_of(item)
         if process is None:
-            keep.append(item)
+            (drop if child is not None else keep).append(item)  # the twin process runs twin tests only
         elif child is not None:
             (keep if process == (child, twin_sm()) else drop).append(item)
         else:
@@ -182,3 +182,22 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         record = {"nodeid": report.nodeid, "outcome": report.outcome, "when": report.when, "text": text}
         with open(target, "a") as out:
             out.write(json.dumps(record) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line per TE release run on the twin (and its recipes), so CI output shows the matrix."""
+    import re
+
+    per: dict[str, dict[str, int]] = {}
+    for outcome in ("passed", "skipped", "failed"):
+        for rep in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(rep, "nodeid", "")
+            found = re.search(r"tests/twin/test_twin_\w+\.py::\w+\[(\d+\.\d+\.\d+)", nodeid)
+            if found and (rep.when == "call" or outcome != "passed"):
+                counts = per.setdefault(found.group(1), {"passed": 0, "skipped": 0, "failed": 0})
+                counts[outcome] += 1
+    if per:
+        terminalreporter.section("Transformer Engine on the CPU twin (tests/twin)")
+        for release in sorted(per, key=lambda r: tuple(int(p) for p in r.split(".")), reverse=True):
+            c = per[release]
+            terminalreporter.line(f"TE {release}: {c['passed']} passed, {c['skipped']} skipped, {c['failed']} failed")

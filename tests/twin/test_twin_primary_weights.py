@@ -48,3 +48,25 @@ def test_fp8_primary_weight_transpose_drop_then_a_step_is_bit_identical(release:
         assert all(dropped), dropped
     else:
         assert all(r.primary_weight_cleared == 0 and r.primary_weight_bytes > 0 for r in reports), reports
+
+
+def test_the_release_boundary_of_the_transpose_drop_a_drop_before_2_4_breaks_the_next_step(release: str) -> None:
+    """Why the shim drops primary-weight transposes only from TE 2.4 (te_caches.TRANSPOSE_REBUILT_FROM):
+    the same drop through TE's own `update_usage(columnwise_usage=False)` after an optimizer step
+    is rebuilt before the next dgrad from 2.4 on, and before 2.4 it is not: the next backward's
+    dgrad GEMM raises TE's "missing column-wise usage" error (the twin is as strict as the GPU)."""
+    from harness.te_twin import training
+    from te_offload_shim.te.caches import TRANSPOSE_REBUILT_FROM
+
+    def drop(model: Any, step: int, microbatch: int) -> None:
+        for p in model.parameters():
+            if getattr(p, "_transpose", None) is not None:
+                p.update_usage(columnwise_usage=False)
+                assert p._transpose is None
+
+    model = training.stack("Linear", recipe="DelayedScaling", fp8_weights=True)
+    if release_key(release) >= TRANSPOSE_REBUILT_FROM:
+        training.train(model, "DelayedScaling", after_step=drop)
+    else:
+        with pytest.raises(RuntimeError, match="Input A is missing column-wise usage"):
+            training.train(model, "DelayedScaling", after_step=drop)
