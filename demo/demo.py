@@ -1,13 +1,19 @@
 """The shim's main job, as a newcomer sees it.
 
 Runs verl's real `offload_megatron_model_to_cpu` (verl 0.8.0, no upstream fix) on a real
-megatron-core GPTModel in megatron DDP whose linears carry FP8 weight caches in Transformer Engine's
->= 1.8 layout (TE itself needs CUDA to install, so on a CPU machine the caches are stand-ins: real
-tensors in TE's layout, see harness/te_standins.py). Each case runs in a fresh interpreter: once
-without the shim, once with `import te_offload_shim` first. It prints what stays resident.
+megatron-core GPTModel in megatron DDP, once without the shim and once with `import te_offload_shim`
+first, each in a fresh interpreter, and prints the FP8 weight caches that stay resident.
 
-On a machine with CUDA the model and caches live on the GPU and the device memory is reported as
-the allocator and the driver see it (allocated, reserved, free).
+On a CPU machine the model is built from Transformer Engine's own layers
+(`get_gpt_layer_with_transformer_engine_spec()`), TE's Python from its PyPI wheel running on a CPU
+twin of its compiled extension (harness/te_twin): the caches are the ones TE's forward made, with
+their real bytes. Each run trains a step (2 microbatches, FP8 delayed scaling), offloads with verl,
+loads back, trains another step; the demo shows whether the two runs' losses are bit-identical.
+
+Stand-ins (harness/te_standins.py: real tensors in TE's layout, attached to megatron's own linears,
+no training) remain only where TE cannot run: on a CUDA machine (the twin answers for CUDA inside its
+process, so it cannot share one with a real GPU; the model, the stand-ins and the memory figures
+are then on the GPU), or when TE's wheel cannot be imported.
 """
 
 from __future__ import annotations
@@ -22,12 +28,58 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1024**3
+STEP_LOSSES = 2  # microbatches per step
 
 
-def one_case(shim: bool, layers: int, hidden: int) -> dict:
+def one_case(shim: bool, layers: int, hidden: int, te: str) -> dict:
     if shim:
         import te_offload_shim  # noqa: F401  - what a user adds: the whole fix
+    import torch
 
+    if torch.cuda.is_available():
+        why = "CUDA machine: TE's CPU twin cannot share a process with a real GPU"
+        return _standin_case(shim, layers, hidden, why)
+    from harness import gpt_on_twin, te_releases
+
+    if not te_releases.installed(te):  # checked first: a failed load leaves the twin's CUDA answers behind
+        return _standin_case(shim, layers, hidden, f"TE {te} is not in {te_releases.folder(te)} (setup-env.sh)")
+    gpt_on_twin.load(te)
+    return _twin_case(shim, layers, hidden, te)
+
+
+def _twin_case(shim: bool, layers: int, hidden: int, te: str) -> dict:
+    """TE's own modules on the twin: a step, verl's offload and reload, another step."""
+    import torch
+
+    from harness import gpt_on_twin as gpt
+
+    ddp = gpt.build("hybrid", layers=layers, hidden=hidden)
+    losses = gpt.train_step(ddp, 0)
+    before = {"caches": gpt.cache_state([ddp])}
+    from verl.utils import megatron_utils
+    from verl.workers.engine.megatron import transformer_impl  # verl's caller, as verl imports it
+
+    resident_before = _resident([ddp], cuda=False)
+    transformer_impl.offload_megatron_model_to_cpu([ddp])
+    after = {"caches": gpt.cache_state([ddp])}
+    resident = {"before": resident_before, "after": _resident([ddp], cuda=False)}
+    megatron_utils.load_megatron_model_to_gpu([ddp])
+    losses += gpt.train_step(ddp, 1)
+    return {
+        "shim": shim,
+        "backend": "twin",
+        "te": te,
+        "device": "cpu",
+        "before": before,
+        "after": after,
+        "resident": resident,
+        "losses": [float(loss) for loss in losses],
+        "loss_bits": [int(loss.float().view(torch.int32).item()) for loss in losses],
+    }
+
+
+def _standin_case(shim: bool, layers: int, hidden: int, why: str) -> dict:
+    """megatron's local layer spec with TE-layout stand-in caches on its linears; no training."""
     from harness import megatron_world as w
 
     model = w.wrap_ddp(w.build_gpt(layers=layers, hidden=hidden, vocab=256))
@@ -41,7 +93,15 @@ def one_case(shim: bool, layers: int, hidden: int) -> dict:
     transformer_impl.offload_megatron_model_to_cpu([model])
     after = {"caches": w.cache_state([model]), **w.device_memory()}
     resident = {"before": resident_before, "after": _resident([model], cuda)}
-    return {"shim": shim, "device": "cuda" if cuda else "cpu", "before": before, "after": after, "resident": resident}
+    return {
+        "shim": shim,
+        "backend": "standins",
+        "why": why,
+        "device": "cuda" if cuda else "cpu",
+        "before": before,
+        "after": after,
+        "resident": resident,
+    }
 
 
 def _resident(models: list, cuda: bool) -> dict:
@@ -68,6 +128,21 @@ def print_resident(results: list[dict]) -> None:
         print(f"{label:<26}" + "".join(f"{fmt(row[n]):>16}" for n in names) + f"{fmt(sum(row.values())):>16}")
 
 
+def print_losses(results: list[dict]) -> bool:
+    """Each run's losses (step 1, then step 2 after the offload and reload); True when bit-identical."""
+    print("Losses, step 1 | step 2 after the offload and reload (2 microbatches each):")
+    for r in results:
+        values = [f"{v:.7f}" for v in r["losses"]]
+        label = "with the shim" if r["shim"] else "without the shim"
+        print(f"  {label:<20}" + " ".join(values[:STEP_LOSSES]) + " | " + " ".join(values[STEP_LOSSES:]))
+    without, with_ = results
+    same = without["loss_bits"] == with_["loss_bits"]
+    n = len(without["loss_bits"])
+    verdict = f"bit-identical ({n} of {n})" if same else "DIFFERENT"
+    print(f"With and without the shim the losses are {verdict}.")
+    return same
+
+
 def _count(low: int, multiple: int = 1) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -83,43 +158,67 @@ def _count(low: int, multiple: int = 1) -> Callable[[str], int]:
 
 
 def main() -> int:
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # run as a script: its own folder is on the path, not the repository
+    from harness.gpt_on_twin import RELEASES
+
     installed = sorted(p.name.removeprefix("verl-") for p in (REPO / ".deps").glob("verl-*") if (p / "verl").is_dir())
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=_count(1), default=4, help="transformer layers (default 4)")
-    parser.add_argument("--hidden", type=_count(8, 4), default=512, help="hidden size, 4 attention heads (default 512)")
+    # TE's FP8 GEMMs take dimensions that are multiples of 16 (assert_dim_for_fp8_exec)
+    hidden_help = "hidden size, a multiple of 16, 4 attention heads (default 512)"
+    parser.add_argument("--hidden", type=_count(16, 16), default=512, help=hidden_help)
     parser.add_argument("--verl", default="0.8.0", help=f"verl release, one of {', '.join(installed) or 'none'}")
+    parser.add_argument("--te", default=RELEASES[0], help=f"TE release on the CPU twin, one of {', '.join(RELEASES)}")
     parser.add_argument("--case", choices=["with", "without"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.verl not in installed:
         parser.error(f"verl {args.verl} is not set up here (scripts/setup-env.sh installs {', '.join(installed)})")
+    if args.te not in RELEASES:
+        parser.error(f"TE {args.te} does not run on the twin (one of {', '.join(RELEASES)})")
 
     if args.case:
         import warnings
 
         warnings.filterwarnings("ignore")
-        print("RESULT " + json.dumps(one_case(args.case == "with", args.layers, args.hidden)))
+        result = one_case(args.case == "with", args.layers, args.hidden, args.te)
+        print("RESULT " + json.dumps(result))
         return 0
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / ".deps" / f"verl-{args.verl}")]))
     env.pop("TE_OFFLOAD_SHIM", None)
-    results = []
-    for case in ("without", "with"):
+    procs = []
+    for case in ("without", "with"):  # two fresh interpreters, side by side (most of each is imports)
         cmd = [sys.executable, __file__, "--case", case, "--layers", str(args.layers), "--hidden", str(args.hidden)]
+        cmd += ["--te", args.te]
         case_env = dict(env, TE_OFFLOAD_SHIM="0") if case == "without" else env
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=case_env)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=case_env))
+    results = []
+    for proc in procs:
+        stdout, stderr = proc.communicate()
+        lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not lines:
-            print(proc.stdout, proc.stderr, file=sys.stderr)
+            print(stdout, stderr, file=sys.stderr)
             return 1
         results.append(json.loads(lines[-1][7:]))
+    return report(results, args)
 
-    device = results[0]["device"]
+
+def report(results: list[dict], args: argparse.Namespace) -> int:
+    without, with_ = results
+    device, twin = without["device"], without["backend"] == "twin"
     print(
         f"verl {args.verl} offload_megatron_model_to_cpu on a megatron-core GPTModel ({args.layers} layers, "
-        f"hidden {args.hidden}) in megatron DDP, FP8 caches in TE >= 1.8 layout, device: {device}"
+        f"hidden {args.hidden}) in megatron DDP, device: {device}"
     )
-    if device == "cpu":
-        print("(CPU: the caches are stand-ins in TE's layout, holding real bytes; run on CUDA for device memory)")
+    if twin:
+        print(
+            f"Layers from TE's layer spec: Transformer Engine {without['te']}'s own modules (its PyPI wheel) on a CPU "
+            "twin of its compiled extension;\nthe FP8 caches are the ones TE's forward made (FP8 delayed scaling). "
+            "Each run: a training step, the offload, the reload, another step."
+        )
+    else:
+        print(f"(stand-ins: {without['why']}; the caches are stand-ins in TE's layout holding real bytes, no training)")
     print()
     header = f"{'':<22}{'FP8 caches before':>20}{'after offload':>16}{'bytes after':>16}"
     if device == "cuda":
@@ -133,10 +232,12 @@ def main() -> int:
         if device == "cuda":
             row += f"{fmt(r['after']['allocated']):>18}{fmt(r['after']['reserved']):>17}{fmt(r['after']['free']):>20}"
         print(row)
-    without, with_ = results
     print()
     print_resident(results)
     print()
+    same = print_losses(results) if twin else True
+    if twin:
+        print()
     print(
         f"Left resident without the shim: {without['after']['caches']['entries']} cached FP8 weights, "
         f"{fmt(without['after']['caches']['bytes']).strip()}; with it: {with_['after']['caches']['entries']}, "
@@ -145,7 +246,7 @@ def main() -> int:
     if without["after"]["caches"]["entries"] == 0:
         # verl 0.9.0+ clears its own caches: the shim steps aside, and both rows are clean.
         print(f"verl {args.verl} clears the caches itself (fixed upstream): the shim stays out of its way.")
-    return 0 if with_["after"]["caches"]["entries"] == 0 else 1
+    return 0 if with_["after"]["caches"]["entries"] == 0 and same else 1
 
 
 if __name__ == "__main__":

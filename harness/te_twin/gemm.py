@@ -51,6 +51,12 @@ def logical_shape(t: Any) -> list[int]:
     kind = storage.family(t)
     if kind is None:
         return list(t.shape)
+    if kind == "float8" and t._data is None and t._transpose is not None:
+        # The C++ Tensor::shape() of a column-wise-only FP8 tensor (common/common.h): the
+        # transpose [last, *leading] rotated back. Not the Python size(), which before 2.1x
+        # flattens an N-D one to [leading[-1], prod(rest)] (Megatron's [s, b, h] inputs)
+        dims = list(t._transpose.shape)
+        return dims[1:] + dims[:1]
     return list(t.shape) if isinstance(t, torch.Tensor) else list(t.size())
 
 

@@ -13,9 +13,11 @@ from conftest import REPO
     ("args", "expected"),
     [
         (["--layers", "0"], "argument --layers: 0 must be at least 1"),
-        (["--hidden", "30"], "argument --hidden: 30 must be at least 8 and a multiple of 4"),
+        (["--hidden", "30"], "argument --hidden: 30 must be at least 16 and a multiple of 16"),
+        (["--hidden", "8"], "argument --hidden: 8 must be at least 16 and a multiple of 16"),
         (["--layers", "two"], "argument --layers: 'two' is not a whole number"),
         (["--verl", "1.0"], "verl 1.0 is not set up here"),
+        (["--te", "1.13.0"], "TE 1.13.0 does not run on the twin"),
     ],
 )
 def test_bad_arguments_are_one_line(args: list[str], expected: str) -> None:
