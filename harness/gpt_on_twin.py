@@ -3,7 +3,7 @@
 (harness/te_twin), in megatron DDP, trained through Megatron's own schedule
 (`get_forward_backward_func()`), with whatever offload the caller runs after each step.
 
-Used by tests/test_twin_stack.py and the demo. One TE release per process (`load`), as for the twin.
+Used by tests/twin/test_twin_stack.py and the demo. One TE release per process (`load`), as for the twin.
 Importing this module imports nothing heavy (the test module that names RELEASES runs in the suite).
 
 What the stack needs beyond the twin's kernels, and why:
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-# The releases the stack runs on here (tests/test_twin_stack.py: each of them, both recipes but 2.1's)
+# The releases the stack runs on here (tests/twin/test_twin_stack.py: each of them, both recipes but 2.1's)
 RELEASES = ("2.20.2", "2.16.1", "2.9.0", "2.4.0", "2.1.0")
 # TransformerConfig.fp8 -> the fp8_recipe it runs with here: "hybrid" (E4M3 forward, E5M2 grads)
 # under delayed scaling, "e4m3" under per-tensor current scaling

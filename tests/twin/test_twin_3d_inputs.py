@@ -5,7 +5,7 @@ The twin's module tests feed 2-D [tokens, hidden] inputs; Megatron feeds [s, b, 
 gradient GEMM then reads the input's column-wise copy only, whose buffer TE's C++ allocates as
 [h, s, b]; its logical shape is that rotated back (common.h `Tensor::shape()`), not what the
 Python storage class of TE < 2.1x reports for it (`[b, h*s]`). The whole stack
-(tests/test_twin_stack.py) runs this path; this is its kernel-level check."""
+(tests/twin/test_twin_stack.py) runs this path; this is its kernel-level check."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from verl_case import ENGINE
+from support.verl_case import ENGINE
 
 from harness.gpt_on_twin import FP8, RELEASES
 
