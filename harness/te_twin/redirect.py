@@ -2,7 +2,11 @@
 
 TE allocates on `device="cuda"` (or `torch.cuda.current_device()`, an int), moves tensors with
 `.cuda()` / `.to("cuda")` and pins host buffers. On the twin the one device's memory is the CPU's,
-so a `TorchFunctionMode` rewrites those device arguments to the CPU and drops `pin_memory`.
+so a `TorchFunctionMode` rewrites those device arguments to the CPU and drops `pin_memory=True`.
+A consequence to keep in mind: host and device are the same memory, so `.cuda()` / `.to("cuda")`
+of a tensor returns that tensor (as torch does for a tensor already on the device), not a copy;
+`Tensor.pin_memory()` does return a copy, as real pinning does (an offload that pins a host copy
+and then frees the device storage keeps its data).
 
 Two places a mode does not reach, handled here:
 - autograd runs a custom Function's `backward` outside the torch-function mode stack the forward
@@ -52,7 +56,9 @@ class ToCPU(TorchFunctionMode):
         kwargs = kwargs or {}
         on_device = "device" in kwargs and _is_cuda(kwargs["device"])
         if func in _TO:
-            if func is torch.Tensor.cuda or func is torch.Tensor.pin_memory:
+            if func is torch.Tensor.pin_memory:  # pinning allocates a new host buffer: a copy, never self
+                return args[0].clone()
+            if func is torch.Tensor.cuda:
                 return args[0]
             args = tuple(_CPU if _is_cuda(a) else a for a in args)
             kwargs = _cpu_device(kwargs)

@@ -31,8 +31,9 @@ TWIN_RELEASES = ("2.20.2", "2.16.1", "2.9.0", "2.4.0", "2.1.0", "1.13.0")
 # Releases the twin cannot run, and why (every test of the release is skipped with this reason).
 NOT_TWINNED = {
     "1.13.0": (
-        "TE 1.13 is not twinned: its compiled extension has the 1.x API (te_gemm, cast_to_fp8, "
-        "fp8_cast_transpose_fused, layernorm_fwd_fp8, the FP8TensorMeta class) that TE 2.x replaced, and its "
+        "TE 1.13 is not twinned: its GEMM, casts and activations are TorchScript ops its compiled library "
+        "registers (torch.ops.tex_ts.te_gemm_ts, cast_to_fp8_ts, gelu_ts, ...) beside a 1.x extension API "
+        "(fused_cast_transpose_noop, layernorm_fwd_fp8, the FP8TensorMeta class) that TE 2.x replaced, and its "
         "transformer_engine/pytorch/__init__.py fails on torch 2.13 (torch.onnx._type_utils, removed in torch 2.6)"
     ),
 }

@@ -502,3 +502,41 @@ def test_mxfp8_gemm_reads_rowwise_or_columnwise_data_by_layout(release: str, lay
         a._columnwise_data = None
         with pytest.raises(RuntimeError, match="Input A is missing column-wise usage"):
             _gemm(a, b, *_workspace_args(release), out_dtype=torch.float32, layout=layout)
+
+
+def test_the_device_answers_as_one_hopper_gpu_whose_memory_is_the_cpus(release: str) -> None:
+    """device.py / redirect.py: sm90, CUDA 12.9, one device; "cuda" allocations (also an int
+    device index) land on the CPU; pinning copies; a custom Function's backward runs inside the
+    redirect too (autograd runs it outside the forward's mode stack)."""
+    import torch
+
+    assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+    assert torch.cuda.get_device_capability() == (9, 0) and torch.version.cuda == "12.9"
+    assert torch.empty(4, device="cuda").device.type == "cpu"
+    assert torch.zeros(2, device=torch.cuda.current_device()).device.type == "cpu"
+    host = torch.ones(3)
+    pinned = host.pin_memory()
+    pinned.zero_()
+    assert float(host.sum()) == 3.0
+
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return grad * torch.full_like(grad, 2.0, device="cuda")
+
+    x = torch.ones(3, requires_grad=True)
+    Twice.apply(x).sum().backward()
+    assert x.grad is not None and x.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.twin(sm=100)
+def test_the_device_answers_as_blackwell_for_mxfp8(release: str) -> None:
+    import torch
+
+    assert torch.cuda.get_device_capability() == (10, 0)
+    name = torch.cuda.get_device_properties(0).name
+    assert "B200" in name and "twin" in name
