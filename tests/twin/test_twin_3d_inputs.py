@@ -10,7 +10,7 @@ Python storage class of TE < 2.1x reports for it (`[b, h*s]`). The whole stack
 from __future__ import annotations
 
 import pytest
-from twin_cells import need
+from harness.te_twin.cells import need
 
 pytestmark = pytest.mark.twin
 
