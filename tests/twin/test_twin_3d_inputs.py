@@ -10,6 +10,7 @@ Python storage class of TE < 2.1x reports for it (`[b, h*s]`). The whole stack
 from __future__ import annotations
 
 import pytest
+
 from harness.te_twin.cells import need
 
 pytestmark = pytest.mark.twin
