@@ -278,8 +278,12 @@ class _Watcher:
         # at start-up); replaced in a forked child all the same (end of file).
         self.lock = _thread.RLock()
         self.on_error: Callable[[str, BaseException], None] | None = None
-        self.firing: set[int] = set()  # threads running callbacks (see `_firing`)
+        self.firing: dict[int, str] = {}  # thread -> the name whose callbacks it is running (see `_firing`)
         self.searching: set[tuple[int, str]] = set()  # (thread, name): our own look-ups in find_spec
+        # In a forked child: name -> weak reference to a module whose callbacks a thread that did
+        # not survive the fork was running. Its body has run (callbacks run after it), but its
+        # spec says "initializing" for good, since that thread's import never ends here.
+        self.cut_short: dict[str, Any] = {}
 
     def watch(self, callback: "Callback", *names: str) -> None:
         # `callback(module)` after each name is imported; at once for one already imported (or when
@@ -346,7 +350,7 @@ class _Watcher:
             d, initializing = _module_state(module)
             if d is None:
                 continue
-            if initializing:
+            if initializing and not _same(self.cut_short, name, module):
                 firing = _firing_or_none(name)
                 if firing is not None:
                     firing.tag(d.get("__spec__"))
@@ -355,8 +359,12 @@ class _Watcher:
         return found
 
     def fired_for(self, name: str, module: object) -> bool:
-        ref = self.fired.get(name)
-        return ref is not None and ref() is module
+        return _same(self.fired, name, module)
+
+
+def _same(refs: "dict[str, Any]", name: str, module: object) -> bool:
+    ref = refs.get(name)
+    return ref is not None and ref() is module
 
 
 def _module_namespace(module: object) -> "dict[str, Any] | None":
@@ -420,9 +428,21 @@ _watcher = _Watcher()
 
 
 def _after_fork_in_child() -> None:
+    # Only the forking thread lives on in the child, and the child's next new thread may get the id
+    # of one that does not (glibc reuses the thread's stack, and its id with it): the watcher's
+    # per-thread state of the others would make that thread's imports look like nested callbacks.
+    # Their callbacks in flight never finish here, so those modules are due again (the next sweep).
     global _lock
     _lock = _thread.RLock()
-    _watcher.lock = _thread.RLock()
+    watcher = _watcher
+    watcher.lock = _thread.RLock()
+    me = _thread.get_ident()
+    for thread, name in list(watcher.firing.items()):
+        ref = watcher.fired.pop(name, None) if thread != me else None
+        if ref is not None:
+            watcher.cut_short[name] = ref
+    watcher.firing = {t: n for t, n in watcher.firing.items() if t == me}
+    watcher.searching = {key for key in watcher.searching if key[0] == me}
 
 
 if hasattr(os, "register_at_fork"):  # POSIX only; Windows has no fork

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 _shim = sys.modules["te_offload_shim"]
 _watcher = _shim._watcher
 _module_state = _shim._module_state
+_same = _shim._same
 _ModuleSpec = _bootstrap.ModuleSpec
 
 
@@ -141,7 +142,7 @@ def arrived(name: str, callback: "Callback") -> None:
     """`callback` was just added for `name`, which is in sys.modules: run it now if the module is
     loaded and finished, or when its import finishes."""
     module = sys.modules.get(name)
-    if module is None or not _ready(module):
+    if module is None or not _ready(name, module):
         return
     if _thread.get_ident() in _watcher.firing:
         return  # install() from inside a callback: the sweep after it runs this one
@@ -171,18 +172,19 @@ def finished(name: str) -> None:
     module = sys.modules.get(name)
     if module is None or _watcher.fired_for(name, module) or name not in _watcher.callbacks:
         return
-    if _ready(module):
+    if _ready(name, module):
         fire(name, module)
 
 
-def _ready(module: object) -> bool:
+def _ready(name: str, module: object) -> bool:
     """Whether `module` has finished loading. One still executing gets its spec tagged (it fires when
     it finishes); a lazily imported one not loaded yet, or one we cannot read safely, waits for the
-    sweep."""
+    sweep. In a forked child, one whose callbacks a thread gone with the fork was running counts as
+    finished (`_Watcher.cut_short`)."""
     d, initializing = _module_state(module)
     if d is None:
         return False
-    if initializing:
+    if initializing and not _same(_watcher.cut_short, name, module):
         tag(d.get("__spec__"))
         return False
     return True
@@ -224,7 +226,7 @@ def _hook_error(module: str, exc: BaseException) -> None:
 
 def _run(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]") -> None:
     thread = _thread.get_ident()
-    _watcher.firing.add(thread)
+    _watcher.firing[thread] = name
     try:
         for callback in callbacks:
             try:
@@ -232,5 +234,5 @@ def _run(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]") -> 
             except Exception as exc:  # never let a hook fail the target's import
                 report(name, exc)
     finally:
-        _watcher.firing.discard(thread)
+        _watcher.firing.pop(thread, None)
     sweep()  # what came due meanwhile

@@ -67,11 +67,8 @@ offload = _Held()
 """
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19 #5: the watcher's per-thread state survives fork")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
-@pytest.mark.subprocess(
-    env={"TE_OFFLOAD_SHIM_TARGETS": "fork_warm:offload,fork_held:offload,fork_after:offload"}, args=RUNXFAIL
-)
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "fork_warm:offload,fork_held:offload,fork_after:offload"})
 def test_a_child_forked_while_another_thread_runs_a_callback_patches_its_imports(tmp_path: Path) -> None:
     import importlib
     import threading
