@@ -284,6 +284,8 @@ class _Watcher:
         # not survive the fork was running. Its body has run (callbacks run after it), but its
         # spec says "initializing" for good, since that thread's import never ends here.
         self.cut_short: dict[str, Any] = {}
+        self.failures: dict[str, Any] = {}  # name -> `_firing.Failure`: callbacks that raised, to run again
+        self.generation = 0  # imports begun (find_spec calls while watching): a retry waits for the next
 
     def watch(self, callback: "Callback", *names: str) -> None:
         # `callback(module)` after each name is imported; at once for one already imported (or when
@@ -305,6 +307,7 @@ class _Watcher:
     def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
         if not self.callbacks:
             return None
+        self.generation += 1
         meta_path = sys.meta_path
         if meta_path and meta_path[0] is not self:
             with self.lock:

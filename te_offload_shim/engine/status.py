@@ -21,16 +21,28 @@ __all__ = ["Stats", "Status", "TargetRow", "TargetState", "TargetTotals", "stats
 
 
 def status(
-    targets: tuple[Target, ...], installed: bool, problems: list[str], hook_errors: list[str], version: str
+    targets: tuple[Target, ...],
+    installed: bool,
+    problems: list[str],
+    hook_errors: list[str],
+    version: str,
+    failures: dict[str, tuple[str, int, bool]] | None = None,
 ) -> Status:
+    """`failures`: module -> (why its post-import callback raised, attempts, whether it runs again),
+    for those whose callback has not succeeded since."""
     rows: list[TargetRow] = []
     for target in targets:
         imported = target.module in sys.modules
         recorded = registry.state(target.name)
         state: TargetState
         detail = ""
+        failure = (failures or {}).get(target.module)
         if recorded is not None:
             state, detail = recorded
+        elif failure is not None and installed:
+            why, attempts, retried = failure
+            then = "retried at the next import" if retried else f"given up after {attempts} attempts"
+            state, detail = "error", f"patching {target.module} was interrupted ({why}); {then}"
         elif _switches.is_disabled(target.name):
             state = "disabled"
         else:
