@@ -137,6 +137,9 @@ class Handler:
         self.root = target.where.parameter(list(signature.parameters), self.takes_self) or ""
 
     def __call__(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        # A wrapped call has one frame more than the original, this one (as under any wrapper):
+        # pytest and IPython leave a frame out of the tracebacks they print when it sets this.
+        __tracebackhide__ = True
         if not self.record.armed:
             return wrapped(*args, **kwargs)
         depth = getattr(_inside, "depth", 0)

@@ -183,7 +183,6 @@ def _pytest_with_the_shim(folder: Path, targets: str) -> subprocess.CompletedPro
     return subprocess.run([*args, "-q"], cwd=folder, env=env, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19 #13: tracebacks through a wrapped call show the shim's frame")
 def test_tracebacks_through_a_wrapped_call_hide_the_shims_frame(tmp_path: Path) -> None:
     # pytest's own test_better_reporting_on_conftest_load_failure, with a target on the function
     # that imports the conftest: the report must be what it is without the shim.
