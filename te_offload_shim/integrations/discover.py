@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 FLUSH_CALLS = frozenset({"empty_cache", "clear_memory", "gc_collect", "aggressive_empty_cache"})
 _SAVER_HINT = "memory_saver"
@@ -295,25 +295,39 @@ def files_under(path: Path) -> Iterator[tuple[Path, str]]:
                     yield file, module
 
 
-def installed_files() -> Iterator[tuple[Path, str]]:
-    """(file, module name) for the .py files of every installed distribution (its RECORD)."""
+def installed_files(skipped: list[str] | None = None) -> Iterator[tuple[Path, str]]:
+    """(file, module name) for the .py files of every installed distribution (its RECORD). A
+    distribution whose RECORD cannot be read (importlib raises on an empty line) costs only itself:
+    it goes into `skipped`, with why."""
     from importlib import metadata
 
     seen: set[Path] = set()
     for dist in metadata.distributions():
-        for item in dist.files or ():
-            if item.suffix != ".py" or item.parts[0].endswith((".dist-info", ".egg-info")) or ".." in item.parts:
-                continue
-            if item.parts[0] in ("tests", "test"):
-                continue
-            file = Path(str(dist.locate_file(item)))
-            if file in seen or not file.is_file():
-                continue
-            seen.add(file)
-            module = ".".join(item.with_suffix("").parts)
-            module = module.removesuffix(".__init__")
-            if all(p.isidentifier() for p in module.split(".")):
-                yield file, module
+        try:
+            found = list(_record_files(dist, seen))
+        except Exception as exc:
+            if skipped is not None:
+                name = getattr(dist, "_path", None) or "a distribution"
+                skipped.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        yield from found
+
+
+def _record_files(dist: Any, seen: set[Path]) -> Iterator[tuple[Path, str]]:
+    for item in dist.files or ():
+        parts = item.parts
+        if not parts or item.suffix != ".py" or parts[0].endswith((".dist-info", ".egg-info")) or ".." in parts:
+            continue
+        if parts[0] in ("tests", "test"):
+            continue
+        file = Path(str(dist.locate_file(item)))
+        if file in seen or not file.is_file():
+            continue
+        seen.add(file)
+        module = ".".join(item.with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        if all(p.isidentifier() for p in module.split(".")):
+            yield file, module
 
 
 def scan(files: Iterable[tuple[Path, str]], skipped: list[str] | None = None) -> list[Candidate]:
@@ -359,7 +373,7 @@ def discover(paths: list[str] | None = None, skipped: list[str] | None = None) -
     if paths:
         files: Iterable[tuple[Path, str]] = (f for p in paths for f in files_under(Path(p)))
     else:
-        files = installed_files()
+        files = installed_files(skipped)
     candidates = scan(files, skipped)
     mark_covered(candidates)
     candidates.sort(key=lambda c: (c.covered, c.target))
