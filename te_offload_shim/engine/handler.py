@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
-from te_offload_shim.engine import hooks
+from te_offload_shim.engine import hooks, registry
 from te_offload_shim.te import caches
 from te_offload_shim.te.caching_off import describe
 
@@ -165,6 +165,7 @@ class Handler:
             if _switches.enabled() and not _switches.is_disabled(self.target.name):
                 return self._clear(instance, args, kwargs)
         except Exception as exc:
+            registry.clearing_failed(self.target.name, describe(exc))
             if _switches.strict():
                 raise
             with _lock:
@@ -242,6 +243,14 @@ def repr_safe(obj: object) -> str:
         return repr(obj)
     except Exception:
         return f"<{type(obj).__name__}>"
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` of an exception, which cannot raise (nor keep the exception)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
 
 
 def make_handler(target: Target, signature: inspect.Signature, binding: str, record: Record) -> Handler:

@@ -28,6 +28,7 @@ _lock = Lock(reentrant=True)
 lock = _lock  # held across a whole patch: check, record, put in place
 _records: list[Record] = []
 _states: dict[str, tuple[TargetState, str]] = {}
+_failed_clearings: dict[str, tuple[int, str]] = {}  # target -> (clearings that failed, the latest why)
 
 
 class Record:
@@ -130,6 +131,19 @@ def state(target: str) -> tuple[TargetState, str] | None:
         return _states.get(target)
 
 
+def clearing_failed(target: str, why: str) -> None:
+    """A call of `target` whose clearing failed open (the offload went on without it): for status()."""
+    with _lock:
+        count = _failed_clearings.get(target, (0, ""))[0]
+        _failed_clearings[target] = (count + 1, why)
+
+
+def failed_clearings(target: str) -> tuple[int, str] | None:
+    """(how many calls of `target` failed to clear, why the latest did), or None."""
+    with _lock:
+        return _failed_clearings.get(target)
+
+
 def deactivate() -> tuple[int, list[str]]:
     """Disarm every record, then undo each (newest first). Returns (attributes restored, errors):
     one patch that cannot be undone does not keep the others in place."""
@@ -139,6 +153,7 @@ def deactivate() -> tuple[int, list[str]]:
             record.armed = False
         _records.clear()
         _states.clear()
+        _failed_clearings.clear()
     restored = 0
     errors: list[str] = []
     for record in reversed(taken):

@@ -23,7 +23,7 @@ class TargetRow(TypedDict):
     target: str  # module:attribute
     imported: bool
     state: TargetState
-    detail: str  # why, for "error" (else empty)
+    detail: str  # why, for "error"; for another state, the clearings that failed, if any (else empty)
     layers: int  # our wrapper layers on the attribute (1 when patched)
 
 

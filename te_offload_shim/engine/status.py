@@ -47,6 +47,10 @@ def status(
             state = "disabled"
         else:
             state = "pending" if installed else "not installed"
+        failed = registry.failed_clearings(target.name)
+        if failed is not None and state != "error":
+            count, why = failed
+            detail = f"clearing failed at {count} call(s), the offload going on without it; the latest: {why}"
         rows.append(
             {
                 "name": target.name,
