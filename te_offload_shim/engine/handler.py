@@ -18,6 +18,7 @@ from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix
 from te_offload_shim.engine import hooks, registry
 from te_offload_shim.te import caches
 from te_offload_shim.te.caching_off import describe
+from te_offload_shim.te.chunks import as_chunks
 
 if TYPE_CHECKING:
     import inspect
@@ -143,29 +144,38 @@ class Handler:
         if not self.record.armed:
             return wrapped(*args, **kwargs)
         depth = getattr(_inside, "depth", 0)
+        covered: frozenset[int] = getattr(_inside, "covered", _NONE)
         _inside.depth = depth + 1
         try:
-            # An offload that calls another patched offload (a subclass calling super(), verl's
-            # function reaching Megatron's) was cleared by the outermost wrapper already.
+            # An offload that calls another patched offload (SkyRL's function reaching megatron-core's
+            # buffer offload, a subclass calling super()): the inner wrapper clears only the chunks
+            # that no wrapper outside it cleared. Only a clearing that ran counts: a target switched
+            # off, left alone by its skip rule, failing, or whose spec finds nothing covers nothing,
+            # so adding or disabling a target never clears less than not having it.
+            models, cleared = self._clear_failing_open(instance, args, kwargs, covered, depth > 0)
+            if cleared:
+                _inside.covered = covered | cleared
             pending = None
-            if depth == 0:
-                models = self._clear_failing_open(instance, args, kwargs)
-                if _switches.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
-                    pending = self._begin_audit(models, instance, args, kwargs)
+            if depth == 0 and _switches.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
+                pending = self._begin_audit(models, instance, args, kwargs)
             result = wrapped(*args, **kwargs)
             if pending is not None:
                 pending.finish()  # never raises
             return result
         finally:
             _inside.depth = depth
+            _inside.covered = covered
 
-    def _clear_failing_open(self, instance: Any, args: tuple, kwargs: dict) -> Any:
-        """Clear this call's caches; returns the model chunks it found (None if it found none)."""
+    def _clear_failing_open(
+        self, instance: Any, args: tuple, kwargs: dict, covered: frozenset[int], nested: bool
+    ) -> tuple[Any, frozenset[int]]:
+        """Clear this call's caches; returns the model chunks it found (None if it found none) and
+        the ids of the chunks it cleared."""
         try:
             if _switches.enabled() and not _switches.is_disabled(self.target.name):
-                return self._clear(instance, args, kwargs)
+                return self._clear(instance, args, kwargs, covered, nested)
         except Exception as exc:
-            registry.clearing_failed(self.target.name, describe(exc))
+            registry.clearing_failed(self.target.name, describe_error(exc))
             if _switches.strict():
                 raise
             with _lock:
@@ -176,7 +186,7 @@ class Handler:
                 self.target.path,
                 repr_safe(exc),
             )
-        return None
+        return None, _NONE
 
     def _begin_audit(self, models: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         from te_offload_shim.reports import audit
@@ -222,18 +232,30 @@ class Handler:
             return self.target.resolve(models)
         return models, None
 
-    def _clear(self, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def _clear(
+        self, instance: Any, args: tuple, kwargs: dict, covered: frozenset[int], nested: bool
+    ) -> tuple[Any, frozenset[int]]:
         target = self.target
         call = self._bind(instance, args, kwargs)
         if call is None:
-            return None
+            return None, _NONE
         reason = target.skip(call) if target.skip is not None else None
         if reason:
-            _left_alone(target, reason)
-            return None
+            if not nested:  # a call inside another wrapped call: the outer one is what counts
+                _left_alone(target, reason)
+            return None, _NONE
         models, params = self._chunks(call)
+        chunks, refused = as_chunks(models)
+        if refused is None and covered:
+            chunks = [c for c in chunks if id(c) not in covered]
+            if not chunks:
+                return models, _NONE  # every chunk of it was cleared by a wrapper outside this call
+            models = chunks
         _record(target, caches.clear_fp8_workspaces(models, params=params, strict=_switches.strict()))
-        return models
+        return models, frozenset(id(c) for c in chunks)
+
+
+_NONE: frozenset[int] = frozenset()
 
 
 def repr_safe(obj: object) -> str:
@@ -245,7 +267,7 @@ def repr_safe(obj: object) -> str:
         return f"<{type(obj).__name__}>"
 
 
-def describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     """`Type: message` of an exception, which cannot raise (nor keep the exception)."""
     try:
         return f"{type(exc).__name__}: {exc}"

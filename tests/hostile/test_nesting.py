@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 from hostile_util import write_module
 
-RUNXFAIL = ("--runxfail",)
-
 
 def _ddp() -> Any:
     from harness import megatron_world as w
@@ -27,8 +25,7 @@ def _ddp() -> Any:
     return model
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19 #3: a disabled outer wrapper still counts as 'inside'")
-@pytest.mark.subprocess(timeout=240, args=RUNXFAIL)
+@pytest.mark.subprocess(timeout=240)
 def test_switching_one_target_off_at_run_time_leaves_the_target_inside_it_on() -> None:
     import sys
 
@@ -58,10 +55,7 @@ def test_switching_one_target_off_at_run_time_leaves_the_target_inside_it_on() -
     assert (inner["calls"], inner["entries"]) == (1, entries) and inner["bytes"] > 0, inner
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19 #4: a user spec that finds nothing silences the table target inside")
-@pytest.mark.subprocess(
-    env={"TE_OFFLOAD_SHIM_TARGETS": "nesting_trainer:Worker.sleep@self.model"}, timeout=240, args=RUNXFAIL
-)
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "nesting_trainer:Worker.sleep@self.model"}, timeout=240)
 def test_a_user_target_whose_spec_finds_nothing_never_silences_a_table_target(tmp_path: Path) -> None:
     import te_offload_shim as shim
     from harness import megatron_world as w
