@@ -10,6 +10,7 @@ instead, for tests. The switches are read at every call: `TE_OFFLOAD_SHIM=0` or 
 from __future__ import annotations
 
 import threading
+from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
@@ -218,10 +219,27 @@ class Handler:
         where = self.target.where
         obj = call.get(self.root)
         for step, name in enumerate(where.path):
-            obj = getattr(obj, name, None)
+            holder, obj = obj, getattr(obj, name, _ABSENT)
+            if obj is _ABSENT:
+                if self.target.user:  # the user's own spec: a wrong one must not stay silent
+                    warn_once(
+                        f"spec-finds-nothing:{self.target.name}",
+                        "te_offload_shim: %s: models spec %r finds nothing (%s has no attribute %r); "
+                        "nothing is cleared at this call",
+                        self.target.path,
+                        where.text,
+                        type(holder).__name__,
+                        name,
+                    )
+                return None
             if obj is None:
                 return None
             if where.call and step == len(where.path) - 1:
+                if not _written_in_python(obj):
+                    raise NotCalled(
+                        f"models spec {where.text!r}: {name} is a {type(obj).__name__}, not a method written in "
+                        "Python (a built-in such as list.clear): not called, nothing cleared"
+                    )
                 obj = obj()
         return obj
 
@@ -244,7 +262,13 @@ class Handler:
             if not nested:  # a call inside another wrapped call: the outer one is what counts
                 _left_alone(target, reason)
             return None, _NONE
-        models, params = self._chunks(call)
+        try:
+            models, params = self._chunks(call)
+        except NotCalled as refused_call:
+            if not nested:
+                _left_alone(target, str(refused_call))
+            warn_once(f"not-called:{target.name}", "te_offload_shim: %s: %s", target.path, refused_call)
+            return None, _NONE
         chunks, refused = as_chunks(models)
         if refused is None and covered:
             chunks = [c for c in chunks if id(c) not in covered]
@@ -256,6 +280,21 @@ class Handler:
 
 
 _NONE: frozenset[int] = frozenset()
+_ABSENT = object()
+
+
+class NotCalled(Exception):
+    """A `where` spec's final call that the handler refuses to make, and why."""
+
+
+def _written_in_python(obj: object) -> bool:
+    # The one call a spec may make is a method (or function) written in Python: a getter such as
+    # ROLL's `get_models()`. A built-in found there (`list.clear`, `dict.popitem`) changes what it is
+    # called on: the parse already refuses dunder and private steps, this is the run-time half.
+    cls = type(obj)
+    if cls is MethodType:
+        return type(obj.__func__) is FunctionType  # type: ignore[attr-defined]
+    return cls is FunctionType
 
 
 def repr_safe(obj: object) -> str:

@@ -56,7 +56,9 @@ def test_switching_one_target_off_at_run_time_leaves_the_target_inside_it_on() -
 
 
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "nesting_trainer:Worker.sleep@self.model"}, timeout=240)
-def test_a_user_target_whose_spec_finds_nothing_never_silences_a_table_target(tmp_path: Path) -> None:
+def test_a_user_target_whose_spec_finds_nothing_never_silences_a_table_target(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     import te_offload_shim as shim
     from harness import megatron_world as w
 
@@ -79,3 +81,5 @@ def test_a_user_target_whose_spec_finds_nothing_never_silences_a_table_target(tm
     assert states["nesting_trainer:Worker.sleep"] == states["megatron-core"] == "patched"
     assert w.cache_state(chunks)["entries"] == 0 < entries, "the table target inside the user's method cleared"
     assert shim.stats()["by_target"]["megatron-core"]["entries"] == entries
+    said = [r.getMessage() for r in caplog.records if "finds nothing" in r.getMessage()]
+    assert len(said) == 1 and "'self.model'" in said[0] and "Worker has no attribute 'model'" in said[0], said

@@ -119,8 +119,7 @@ _SPECS = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19 #9: a @where spec calls any method, built-ins and dunders included")
-@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ",".join(_SPECS)}, args=RUNXFAIL)
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ",".join(_SPECS)})
 def test_a_where_spec_calls_only_a_public_method_written_in_python(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
