@@ -42,9 +42,14 @@ def use_repo(verl: str | None = None) -> None:
             sys.path.insert(0, path)
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds one call of `fn` takes, and its result; gc collected before, disabled during."""
+def timed(fn: Callable[[], Any], collector: bool = False) -> tuple[float, Any]:
+    """Seconds one call of `fn` takes, and its result; gc collected before, disabled during (left
+    on with `collector`, to measure what the collector costs a call)."""
     gc.collect()
+    if collector:
+        start = time.perf_counter()
+        result = fn()
+        return time.perf_counter() - start, result
     gc.disable()
     try:
         start = time.perf_counter()
@@ -61,18 +66,20 @@ def ab(
     repeats: int,
     prepare: Callable[[], None] | None = None,
     check: Callable[[str, Any], None] | None = None,
+    collector: bool = False,
 ) -> dict[str, Any]:
     """Alternate `ours` and `reference` `repeats` times each (order flipped every round).
 
     `prepare` runs before every timed call, untimed (refill what the previous call consumed);
-    `check(side, result)` runs after it, untimed (both sides must have done the same work)."""
+    `check(side, result)` runs after it, untimed (both sides must have done the same work);
+    `collector`: the garbage collector stays on during the timed calls."""
     samples: dict[str, list[float]] = {"ours": [], "reference": []}
     sides = {"ours": ours, "reference": reference}
     for i in range(repeats):
         for side in ("ours", "reference") if i % 2 == 0 else ("reference", "ours"):
             if prepare is not None:
                 prepare()
-            seconds, result = timed(sides[side])
+            seconds, result = timed(sides[side], collector)
             if check is not None:
                 check(side, result)
             samples[side].append(seconds)

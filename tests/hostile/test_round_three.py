@@ -61,8 +61,7 @@ def test_discover_skips_only_the_file_it_cannot_read(tmp_path: Path, capsys: pyt
     assert len(skipped) == 1 and "RecursionError" in skipped[0] and "skipped" in skipped[0], err
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19 #8: clearing calls gc.enable() behind the application")
-@pytest.mark.subprocess(args=RUNXFAIL)
+@pytest.mark.subprocess()
 def test_clearing_leaves_the_collector_as_the_application_set_it() -> None:
     import gc
     import threading
