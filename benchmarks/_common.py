@@ -3,7 +3,8 @@
 Every figure is a median over repeated runs, measured side by side with its reference in the same
 process and the same run, the two alternated so drift (frequency scaling, a noisy neighbour) hits
 both alike. The garbage collector is collected before and disabled during each timed call, so a
-collection triggered by one side is not billed to the other.
+collection triggered by one side is not billed to the other (one measurement leaves it on: what the
+collector costs a call, `ab(..., collector=True)`).
 """
 
 from __future__ import annotations

@@ -165,10 +165,16 @@ def _graphed(
 
 
 def _allocated(torch: Any) -> int | None:
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_initialized():
+    """Bytes the CUDA allocator holds for tensors, or None: CUDA not initialised, or its counters
+    cannot be read (a half-initialised set-up, a device stand-in). Measuring is a report: it never
+    decides whether the caches are cleared."""
+    try:
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return None
+        return int(sum(cuda.memory_allocated(i) for i in range(cuda.device_count())))
+    except Exception:
         return None
-    return sum(cuda.memory_allocated(i) for i in range(cuda.device_count()))
 
 
 def _nonempty(workspaces: Any) -> bool:
