@@ -139,13 +139,25 @@ class Target:
         return f"Target({self.name!r}, {self.path!r})"
 
 
+def nfkc(text: str) -> str:
+    """`text` normalised as Python normalises identifiers (NFKC); ASCII as it is, without loading
+    unicodedata."""
+    if text.isascii():
+        return text
+    import unicodedata
+
+    return unicodedata.normalize("NFKC", text)
+
+
 def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
     """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
 
-    Returns the good entries and one message per malformed entry (the others still work)."""
+    Returns the good entries and one message per malformed entry (the others still work). Names are
+    read as Python reads identifiers (NFKC, PEP 3131): an import statement naming a module in
+    fullwidth letters imports the module of the same name in ASCII, and so does the entry."""
     targets: list[Target] = []
     problems: list[str] = []
-    for raw in text.split(","):
+    for raw in nfkc(text).split(","):
         entry = raw.strip()
         if not entry:
             continue
