@@ -96,6 +96,13 @@ def rebind(old: object, new: object) -> int:
     return count
 
 
+def namespace(module: object) -> dict[str, Any] | None:
+    """A loaded module's namespace, read without running any of its code (None for a module loaded
+    with LazyLoader that has not run yet, or anything that is not a module): the start-up module's
+    own reader, which the watcher uses too."""
+    return _shim._module_namespace(module)
+
+
 def active() -> bool:
     """Whether the shim is installed, as its one owner (the start-up module) says: this module is
     imported with the first patch, not at every interpreter start. `uninstall()` clears the flag

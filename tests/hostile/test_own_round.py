@@ -132,3 +132,37 @@ def test_an_outer_wrapper_covers_only_the_chunks_it_cleared(tmp_path: Path) -> N
     assert w.cache_state(ref)["entries"] == 0 < in_ref, "megatron-core's buffer offload cleared the other"
     by_target = {k: (v["calls"], v["entries"]) for k, v in shim.stats()["by_target"].items()}
     assert by_target["megatron-core"] == (1, in_ref), "once: the actor's buffer was covered by the outer clearing"
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "lazy_target:offload,eager_target:offload"})
+def test_status_leaves_a_lazily_loaded_target_module_unloaded(tmp_path: Path) -> None:
+    """status() counted our wrappers with vars(module), which runs a LazyLoader module's body."""
+    import builtins
+    import importlib.util
+    import sys
+
+    import te_offload_shim as shim
+
+    write_module(tmp_path, "eager_target", "def offload(models):\n    return 'offloaded'\n")
+    write_module(
+        tmp_path,
+        "lazy_target",
+        "import builtins\nbuiltins.LAZY_TARGET_RAN = True\n\ndef offload(models):\n    return 1\n",
+    )
+    import eager_target  # type: ignore[import-not-found]  # noqa: F401  (the patcher is loaded: rows count layers)
+
+    spec = importlib.util.find_spec("lazy_target")
+    assert spec is not None and spec.loader is not None
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    lazy = importlib.util.module_from_spec(spec)
+    sys.modules["lazy_target"] = lazy
+    loader.exec_module(lazy)
+
+    rows = {r["name"]: r for r in shim.status()["targets"]}
+    assert not hasattr(builtins, "LAZY_TARGET_RAN"), "status() executed a module the application did not"
+    assert (rows["lazy_target:offload"]["state"], rows["lazy_target:offload"]["imported"]) == ("pending", False)
+    assert lazy.offload([]) == 1  # the application's own first use runs it
+    assert hasattr(builtins, "LAZY_TARGET_RAN")
+    row = next(r for r in shim.status()["targets"] if r["name"] == "lazy_target:offload")
+    assert (row["state"], row["layers"], row["imported"]) == ("patched", 1, True), row
