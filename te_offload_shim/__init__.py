@@ -27,6 +27,13 @@ import sys
 
 TYPE_CHECKING = False
 
+# `importlib.reload(te_offload_shim)` (IPython's autoreload, a plugin reloader) runs this file again
+# in the same namespace. What the package held then is kept, not dropped: the install state below
+# (`_kept`), and the watcher's, which a new watcher takes over (`_take_over`, end of file); else a
+# second watcher stayed behind, and `uninstall()` removed one of them.
+_reloading = "_watcher" in globals()
+_kept = globals().copy() if _reloading else {}
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
@@ -110,17 +117,18 @@ WATCH = {
     "ray._private.function_manager": "te_offload_shim.integrations.ray:on_function_manager_import",  # actor classes
     **dict.fromkeys(BUILTIN_MODULES, _PATCH_TARGETS),
 }
-_watched: "dict[str, str]" = {}  # WATCH plus the modules of TE_OFFLOAD_SHIM_TARGETS, as installed
+# WATCH plus the modules of TE_OFFLOAD_SHIM_TARGETS, as installed
+_watched: "dict[str, str]" = _kept.get("_watched", {})
 _READ_SWITCHES = "te_offload_shim.integrations.user_targets:read_at_install"
 
 # --- install, and the install state (this module is its one owner; others read it through the
 # functions below) ---------------------------------------------------------------------------------
 
-_lock = _thread.RLock()  # serialises install and uninstall; replaced in a forked child (end of file)
-_installed = False
-_user_targets: "tuple[Target, ...]" = ()
-_problems: "list[str]" = []  # TE_OFFLOAD_SHIM_TARGETS entries that were ignored, for status()
-_hook_errors: "list[str]" = []  # patching a target module failed, for status()
+_lock = _kept.get("_lock") or _thread.RLock()  # serialises install and uninstall; replaced in a forked child
+_installed: bool = _kept.get("_installed", False)
+_user_targets: "tuple[Target, ...]" = _kept.get("_user_targets", ())
+_problems: "list[str]" = _kept.get("_problems", [])  # TE_OFFLOAD_SHIM_TARGETS entries that were ignored, for status()
+_hook_errors: "list[str]" = _kept.get("_hook_errors", [])  # patching a target module failed, for status()
 
 
 def install() -> bool:
@@ -430,6 +438,30 @@ def _load_firing() -> "Any":
 _watcher = _Watcher()
 
 
+def _take_over(old: "_Watcher", old_callback: object) -> None:
+    # On a reload: this watcher takes over all the old one knew (its callbacks pointing at this
+    # module's `_on_import`), the old one goes inert (no callbacks: its find_spec answers nothing)
+    # and off the meta path, and `_firing` is built again, for this watcher, at its next use.
+    with old.lock:
+        _watcher.callbacks = {
+            name: tuple(_on_import if c is old_callback else c for c in callbacks)
+            for name, callbacks in old.callbacks.items()
+        }
+        for name in ("fired", "firing", "searching", "cut_short", "failures", "generation", "on_error"):
+            setattr(_watcher, name, getattr(old, name, getattr(_watcher, name)))
+        old.callbacks = {}
+    sys.modules.pop(_FIRING, None)
+    sys.meta_path = [finder for finder in sys.meta_path if finder is not old]
+    if _watcher.callbacks:
+        with _watcher.lock:
+            _watcher._to_front()
+
+
+if _reloading:
+    _take_over(_kept["_watcher"], _kept.get("_on_import"))
+del _kept
+
+
 def _after_fork_in_child() -> None:
     # Only the forking thread lives on in the child, and the child's next new thread may get the id
     # of one that does not (glibc reuses the thread's stack, and its id with it): the watcher's
@@ -448,7 +480,7 @@ def _after_fork_in_child() -> None:
     watcher.searching = {key for key in watcher.searching if key[0] == me}
 
 
-if hasattr(os, "register_at_fork"):  # POSIX only; Windows has no fork
+if hasattr(os, "register_at_fork") and not _reloading:  # POSIX only; once (the handler reads the globals)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 install()

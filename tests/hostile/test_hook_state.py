@@ -21,8 +21,6 @@ from typing import Any
 import pytest
 from hostile_util import cached_layer, write_module
 
-RUNXFAIL = ("--runxfail",)
-
 
 def _row(name: str) -> dict[str, Any]:
     import te_offload_shim as shim
@@ -129,8 +127,7 @@ def test_a_child_forked_while_another_thread_runs_a_callback_patches_its_imports
     assert status == 0, f"the forked child {'hung' if status is None else f'exited {status}'}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 19 #6: a reloaded package keeps a second, stale watcher")
-@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "reloaded_target:offload"}, args=RUNXFAIL)
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "reloaded_target:offload"})
 def test_the_package_survives_its_own_reload(tmp_path: Path) -> None:
     import importlib
 
