@@ -7,6 +7,7 @@ is `engine.patch.on_target_import`). The report types are in `engine/states.py`.
 from __future__ import annotations
 
 import sys
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
@@ -86,10 +87,13 @@ def _state(
 
 
 def _loaded(name: str) -> Any:
-    """The module `name` if it is imported and has run (a module loaded with LazyLoader has not,
-    until its first attribute read: reading its namespace here would run it), else None."""
+    """What `name` is in sys.modules if it has run, else None: a module loaded with LazyLoader has
+    not, until its first attribute read (reading its namespace here would run it). Anything else
+    there counts (a module may put another object in its place)."""
     module = sys.modules.get(name)
-    return module if module is not None and registry.namespace(module) is not None else None
+    if module is None or (issubclass(type(module), ModuleType) and registry.namespace(module) is None):
+        return None
+    return module
 
 
 def _layers(target: Target, module: Any) -> tuple[int, int]:

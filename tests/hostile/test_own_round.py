@@ -15,8 +15,6 @@ from pathlib import Path
 import pytest
 from hostile_util import write_module
 
-RUNXFAIL = ("--runxfail",)
-
 _OFFLOAD = """\
 import megatron
 

@@ -18,8 +18,6 @@ import pytest
 from conftest import BOOTSTRAP, REPO, child_env
 from hostile_util import cached_layer, use_targets, write_module
 
-RUNXFAIL = ("--runxfail",)
-
 _OFFLOAD = """\
 import torch
 from megatron.core import parallel_state
