@@ -337,6 +337,8 @@ def scan(files: Iterable[tuple[Path, str]], skipped: list[str] | None = None) ->
     found: list[Candidate] = []
     for file, module in files:
         try:
+            if not file.is_file():  # a named pipe called x.py would block the read for good
+                raise OSError("not a regular file")
             source = file.read_text(encoding="utf-8", errors="replace")
             found.extend(scan_source(source, module, str(file)))
         except Exception as exc:

@@ -10,6 +10,7 @@ guarantee named yet. Each test failed on the code before its fix.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,19 @@ def test_status_leaves_a_lazily_loaded_target_module_unloaded(tmp_path: Path) ->
     assert hasattr(builtins, "LAZY_TARGET_RAN")
     row = next(r for r in shim.status()["targets"] if r["name"] == "lazy_target:offload")
     assert (row["state"], row["layers"], row["imported"]) == ("patched", 1, True), row
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
+@pytest.mark.subprocess(timeout=60)
+def test_discover_does_not_wait_on_a_named_pipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A named pipe called x.py in the tree (a tool's socket, a test fixture) blocked the read for good."""
+    from te_offload_shim import cli
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    os.mkfifo(tree / "pipe.py")
+    (tree / "plain.py").write_text(_OFFLOAD)
+    assert cli.main(["discover", "-v", str(tree)]) == 0
+    out, err = capsys.readouterr()
+    assert "plain:offload_megatron_model_to_cpu" in out, out
+    assert "pipe.py: OSError: not a regular file" in err, err
