@@ -28,9 +28,11 @@ if TYPE_CHECKING:
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.engine.schema import Target
 
-_lock = Lock()
-_inside = threading.local()
-_totals: dict[str, Any] = {
+# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
+# the state below outlives it, or uninstall() and status() would lose what was patched.
+_lock = globals().get("_lock") or Lock()
+_inside = globals().get("_inside", threading.local())
+_totals: dict[str, Any] = globals().get("_totals") or {
     "calls": 0,
     "cleared_calls": 0,
     "entries": 0,
@@ -41,11 +43,14 @@ _totals: dict[str, Any] = {
     "errors": 0,
     "primary_weight_bytes": 0,  # FP8 primary weights' transpose/columnwise copies seen at the last call
 }
-_by_target: dict[str, dict[str, int]] = {}
-_left: dict[str, dict[str, int]] = {}  # target -> the reason its skip rule gave -> calls left alone
-_caching_off: dict[str, int] = {}  # TE layers whose caching is off by configuration, by reason, at the last call
-_announced = False
-_said_off: set[str] = set()  # the reasons "caching is off" was said for at the first clearing's log level
+_by_target: dict[str, dict[str, int]] = globals().get("_by_target", {})
+# target -> the reason its skip rule gave -> calls left alone
+_left: dict[str, dict[str, int]] = globals().get("_left", {})
+# TE layers whose caching is off by configuration, by reason, at the last call
+_caching_off: dict[str, int] = globals().get("_caching_off", {})
+_announced = globals().get("_announced", False)
+# the reasons "caching is off" was said for at the first clearing's log level
+_said_off: set[str] = globals().get("_said_off", set())
 
 
 def totals() -> dict[str, Any]:

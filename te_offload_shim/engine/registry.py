@@ -24,11 +24,15 @@ if TYPE_CHECKING:
 
     from te_offload_shim.engine.states import TargetState
 
-_lock = Lock(reentrant=True)
+# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
+# the state below outlives it, or uninstall() and status() would lose what was patched.
+_lock = globals().get("_lock") or Lock(reentrant=True)
 lock = _lock  # held across a whole patch: check, record, put in place
-_records: list[Record] = []
-_states: dict[str, tuple[TargetState, str]] = {}
-_failed_clearings: dict[str, tuple[int, str]] = {}  # target -> (clearings that failed, the latest why)
+_records: list[Record] = globals().get("_records", [])
+_states: dict[str, tuple[TargetState, str]] = globals().get("_states", {})
+_failed_clearings: dict[str, tuple[int, str]] = globals().get(
+    "_failed_clearings", {}
+)  # target -> (clearings that failed, the latest why)
 
 
 class Record:
