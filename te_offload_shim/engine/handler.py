@@ -281,7 +281,8 @@ class Handler:
                 return models, _NONE  # every chunk of it was cleared by a wrapper outside this call
             models = chunks
         _record(target, caches.clear_fp8_workspaces(models, params=params, strict=_switches.strict()))
-        return models, frozenset(id(c) for c in chunks)
+        # A clearing limited to some layers (megatron-core's: one buffer's) covers no whole chunk.
+        return models, frozenset(id(c) for c in chunks) if params is None else _NONE
 
 
 _NONE: frozenset[int] = frozenset()
