@@ -3,7 +3,8 @@
 Every figure is a median over repeated runs, measured side by side with its reference in the same
 process and the same run, the two alternated so drift (frequency scaling, a noisy neighbour) hits
 both alike. The garbage collector is collected before and disabled during each timed call, so a
-collection triggered by one side is not billed to the other.
+collection triggered by one side is not billed to the other (one measurement leaves it on: what the
+collector costs a call, `ab(..., collector=True)`).
 """
 
 from __future__ import annotations
@@ -42,9 +43,14 @@ def use_repo(verl: str | None = None) -> None:
             sys.path.insert(0, path)
 
 
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """Seconds one call of `fn` takes, and its result; gc collected before, disabled during."""
+def timed(fn: Callable[[], Any], collector: bool = False) -> tuple[float, Any]:
+    """Seconds one call of `fn` takes, and its result; gc collected before, disabled during (left
+    on with `collector`, to measure what the collector costs a call)."""
     gc.collect()
+    if collector:
+        start = time.perf_counter()
+        result = fn()
+        return time.perf_counter() - start, result
     gc.disable()
     try:
         start = time.perf_counter()
@@ -61,18 +67,20 @@ def ab(
     repeats: int,
     prepare: Callable[[], None] | None = None,
     check: Callable[[str, Any], None] | None = None,
+    collector: bool = False,
 ) -> dict[str, Any]:
     """Alternate `ours` and `reference` `repeats` times each (order flipped every round).
 
     `prepare` runs before every timed call, untimed (refill what the previous call consumed);
-    `check(side, result)` runs after it, untimed (both sides must have done the same work)."""
+    `check(side, result)` runs after it, untimed (both sides must have done the same work);
+    `collector`: the garbage collector stays on during the timed calls."""
     samples: dict[str, list[float]] = {"ours": [], "reference": []}
     sides = {"ours": ours, "reference": reference}
     for i in range(repeats):
         for side in ("ours", "reference") if i % 2 == 0 else ("reference", "ours"):
             if prepare is not None:
                 prepare()
-            seconds, result = timed(sides[side])
+            seconds, result = timed(sides[side], collector)
             if check is not None:
                 check(side, result)
             samples[side].append(seconds)

@@ -17,6 +17,10 @@ experts {linear_fc1, linear_fc2 (TE GroupedLinear, E experts each), activation_f
 shared_experts {linear_fc1, linear_fc2 (TE Linear), activation_func}}. With E=8 that is ~0.95
 entries per module, the density of verl issue #6953 (2,148 entries cleared per rank of GLM-4.7).
 
+On the MoE-like tree a third pair: our call with the cyclic collector left on (as it now is: the
+clearing never switches it, issue 19) against the same call with it off for the call (what 0.4.0
+did), the collector on during both timed calls.
+
 A second tree, the worst case for the accounting (issue 11): a flat list of plain modules, each with
 one parameter and one cache entry of four inner tensors. There the reference never raises (every
 module has the attribute), so it pays least per entry, and ours pays four inner tensors per module.
@@ -26,6 +30,7 @@ module has the attribute), so it pays least per entry, and ours pays four inner 
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -153,11 +158,19 @@ def measure(modules: int, repeats: int, tree: str = "moe") -> dict[str, Any]:
     figures = ab(lambda: clear_fp8_workspaces([root]), lambda: reference(root), repeats, refill, check)
     # Where our time goes: the tree walk alone (te/walk.py, no accounting, no clearing).
     walk_only = ab(lambda: _walk(root), lambda: reference(root), max(3, repeats // 2), refill)
+    # What leaving the collector alone costs (issue 19): the call with the collector on, as the
+    # application has it, against the same call with it switched off for the call (0.4.0 did that,
+    # and switched it back on behind an application that had turned it off meanwhile).
+    collector = None
+    if tree == "moe":
+        collector = ab(lambda: clear_fp8_workspaces([root]), lambda: _collector_off(clear_fp8_workspaces, root),
+                       repeats, refill, lambda side, result: check("ours", result), collector=True)  # fmt: skip
     refill()
     report = clear_fp8_workspaces([root])
     return {
         "tree": tree,
         "walk_only": walk_only,
+        "collector_on": collector,
         "modules": n_modules,
         "te_modules": len(refills),
         "entries": n_entries,
@@ -165,6 +178,14 @@ def measure(modules: int, repeats: int, tree: str = "moe") -> dict[str, Any]:
         "cleared": {side: sorted(set(v)) for side, v in cleared.items()},
         **figures,
     }
+
+
+def _collector_off(clear: Callable[[list[Any]], Any], root: nn.Module) -> Any:
+    gc.disable()
+    try:
+        return clear([root])
+    finally:
+        gc.enable()
 
 
 SIZES = {"full": ((10_000, 15), (100_000, 7)), "quick": ((500, 3), (2_000, 3))}
@@ -192,6 +213,16 @@ def run(quick: bool = False) -> dict[str, Any]:
                     note="te/walk.py alone (no accounting, no clearing) vs the same reference",
                 )
             )
+            if m["collector_on"] is not None:
+                rows.append(
+                    row(
+                        "clearing walk",
+                        f"{label}: {m['modules']:,} modules: collector left on",
+                        m["collector_on"],
+                        note="ours with the collector on during the call vs ours with it off for the call "
+                        "(0.4.0's gc.disable/enable)",
+                    )
+                )
     return {"benchmark": "walk", "quick": quick, "rows": rows, "cases": cases}
 
 

@@ -27,6 +27,13 @@ import sys
 
 TYPE_CHECKING = False
 
+# `importlib.reload(te_offload_shim)` (IPython's autoreload, a plugin reloader) runs this file again
+# in the same namespace. What the package held then is kept, not dropped: the install state below
+# (`_kept`), and the watcher's, which a new watcher takes over (`_take_over`, end of file); else a
+# second watcher stayed behind, and `uninstall()` removed one of them.
+_reloading = "_watcher" in globals()
+_kept = globals().copy() if _reloading else {}
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from types import ModuleType
@@ -110,17 +117,18 @@ WATCH = {
     "ray._private.function_manager": "te_offload_shim.integrations.ray:on_function_manager_import",  # actor classes
     **dict.fromkeys(BUILTIN_MODULES, _PATCH_TARGETS),
 }
-_watched: "dict[str, str]" = {}  # WATCH plus the modules of TE_OFFLOAD_SHIM_TARGETS, as installed
+# WATCH plus the modules of TE_OFFLOAD_SHIM_TARGETS, as installed
+_watched: "dict[str, str]" = _kept.get("_watched", {})
 _READ_SWITCHES = "te_offload_shim.integrations.user_targets:read_at_install"
 
 # --- install, and the install state (this module is its one owner; others read it through the
 # functions below) ---------------------------------------------------------------------------------
 
-_lock = _thread.RLock()  # serialises install and uninstall; replaced in a forked child (end of file)
-_installed = False
-_user_targets: "tuple[Target, ...]" = ()
-_problems: "list[str]" = []  # TE_OFFLOAD_SHIM_TARGETS entries that were ignored, for status()
-_hook_errors: "list[str]" = []  # patching a target module failed, for status()
+_lock = _kept.get("_lock") or _thread.RLock()  # serialises install and uninstall; replaced in a forked child
+_installed: bool = _kept.get("_installed", False)
+_user_targets: "tuple[Target, ...]" = _kept.get("_user_targets", ())
+_problems: "list[str]" = _kept.get("_problems", [])  # TE_OFFLOAD_SHIM_TARGETS entries that were ignored, for status()
+_hook_errors: "list[str]" = _kept.get("_hook_errors", [])  # patching a target module failed, for status()
 
 
 def install() -> bool:
@@ -278,8 +286,14 @@ class _Watcher:
         # at start-up); replaced in a forked child all the same (end of file).
         self.lock = _thread.RLock()
         self.on_error: Callable[[str, BaseException], None] | None = None
-        self.firing: set[int] = set()  # threads running callbacks (see `_firing`)
+        self.firing: dict[int, str] = {}  # thread -> the name whose callbacks it is running (see `_firing`)
         self.searching: set[tuple[int, str]] = set()  # (thread, name): our own look-ups in find_spec
+        # In a forked child: name -> weak reference to a module whose callbacks a thread that did
+        # not survive the fork was running. Its body has run (callbacks run after it), but its
+        # spec says "initializing" for good, since that thread's import never ends here.
+        self.cut_short: dict[str, Any] = {}
+        self.failures: dict[str, Any] = {}  # name -> `_firing.Failure`: callbacks that raised, to run again
+        self.generation = 0  # imports begun (find_spec calls while watching): a retry waits for the next
 
     def watch(self, callback: "Callback", *names: str) -> None:
         # `callback(module)` after each name is imported; at once for one already imported (or when
@@ -301,6 +315,7 @@ class _Watcher:
     def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
         if not self.callbacks:
             return None
+        self.generation += 1
         meta_path = sys.meta_path
         if meta_path and meta_path[0] is not self:
             with self.lock:
@@ -346,7 +361,7 @@ class _Watcher:
             d, initializing = _module_state(module)
             if d is None:
                 continue
-            if initializing:
+            if initializing and not _same(self.cut_short, name, module):
                 firing = _firing_or_none(name)
                 if firing is not None:
                     firing.tag(d.get("__spec__"))
@@ -355,8 +370,12 @@ class _Watcher:
         return found
 
     def fired_for(self, name: str, module: object) -> bool:
-        ref = self.fired.get(name)
-        return ref is not None and ref() is module
+        return _same(self.fired, name, module)
+
+
+def _same(refs: "dict[str, Any]", name: str, module: object) -> bool:
+    ref = refs.get(name)
+    return ref is not None and ref() is module
 
 
 def _module_namespace(module: object) -> "dict[str, Any] | None":
@@ -419,13 +438,49 @@ def _load_firing() -> "Any":
 _watcher = _Watcher()
 
 
+def _take_over(old: "_Watcher", old_callback: object) -> None:
+    # On a reload: this watcher takes over all the old one knew (its callbacks pointing at this
+    # module's `_on_import`), the old one goes inert (no callbacks: its find_spec answers nothing)
+    # and off the meta path, and `_firing` is built again, for this watcher, at its next use.
+    with old.lock:
+        _watcher.callbacks = {
+            name: tuple(_on_import if c is old_callback else c for c in callbacks)
+            for name, callbacks in old.callbacks.items()
+        }
+        for name in ("fired", "firing", "searching", "cut_short", "failures", "generation", "on_error"):
+            setattr(_watcher, name, getattr(old, name, getattr(_watcher, name)))
+        old.callbacks = {}
+    sys.modules.pop(_FIRING, None)
+    sys.meta_path = [finder for finder in sys.meta_path if finder is not old]
+    if _watcher.callbacks:
+        with _watcher.lock:
+            _watcher._to_front()
+
+
+if _reloading:
+    _take_over(_kept["_watcher"], _kept.get("_on_import"))
+del _kept
+
+
 def _after_fork_in_child() -> None:
+    # Only the forking thread lives on in the child, and the child's next new thread may get the id
+    # of one that does not (glibc reuses the thread's stack, and its id with it): the watcher's
+    # per-thread state of the others would make that thread's imports look like nested callbacks.
+    # Their callbacks in flight never finish here, so those modules are due again (the next sweep).
     global _lock
     _lock = _thread.RLock()
-    _watcher.lock = _thread.RLock()
+    watcher = _watcher
+    watcher.lock = _thread.RLock()
+    me = _thread.get_ident()
+    for thread, name in list(watcher.firing.items()):
+        ref = watcher.fired.pop(name, None) if thread != me else None
+        if ref is not None:
+            watcher.cut_short[name] = ref
+    watcher.firing = {t: n for t, n in watcher.firing.items() if t == me}
+    watcher.searching = {key for key in watcher.searching if key[0] == me}
 
 
-if hasattr(os, "register_at_fork"):  # POSIX only; Windows has no fork
+if hasattr(os, "register_at_fork") and not _reloading:  # POSIX only; once (the handler reads the globals)
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 install()

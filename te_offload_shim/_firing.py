@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 _shim = sys.modules["te_offload_shim"]
 _watcher = _shim._watcher
 _module_state = _shim._module_state
+_same = _shim._same
 _ModuleSpec = _bootstrap.ModuleSpec
 
 
@@ -141,7 +142,7 @@ def arrived(name: str, callback: "Callback") -> None:
     """`callback` was just added for `name`, which is in sys.modules: run it now if the module is
     loaded and finished, or when its import finishes."""
     module = sys.modules.get(name)
-    if module is None or not _ready(module):
+    if module is None or not _ready(name, module):
         return
     if _thread.get_ident() in _watcher.firing:
         return  # install() from inside a callback: the sweep after it runs this one
@@ -153,12 +154,13 @@ def arrived(name: str, callback: "Callback") -> None:
     _run(name, module, (callback,))
 
 
-def fire(name: str, module: "ModuleType") -> None:
-    """Run every callback of `name` for `module`, once."""
+def fire(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...] | None" = None) -> None:
+    """Run every callback of `name` for `module` (or only `callbacks`), once."""
     if _thread.get_ident() in _watcher.firing:
         return  # inside a callback on this thread: it comes due, and runs when that one is done
     with _watcher.lock:
-        callbacks = _watcher.callbacks.get(name, ())
+        if callbacks is None:
+            callbacks = _watcher.callbacks.get(name, ())
         try:
             _watcher.fired[name] = _weakref.ref(module)
         except TypeError:  # a module type without weak references: remember nothing, fire anyway
@@ -171,29 +173,35 @@ def finished(name: str) -> None:
     module = sys.modules.get(name)
     if module is None or _watcher.fired_for(name, module) or name not in _watcher.callbacks:
         return
-    if _ready(module):
-        fire(name, module)
+    if _ready(name, module) and _due(name):
+        fire(name, module, _pending(name, module))
 
 
-def _ready(module: object) -> bool:
+def _ready(name: str, module: object) -> bool:
     """Whether `module` has finished loading. One still executing gets its spec tagged (it fires when
     it finishes); a lazily imported one not loaded yet, or one we cannot read safely, waits for the
-    sweep."""
+    sweep. In a forked child, one whose callbacks a thread gone with the fork was running counts as
+    finished (`_Watcher.cut_short`)."""
     d, initializing = _module_state(module)
     if d is None:
         return False
-    if initializing:
+    if initializing and not _same(_watcher.cut_short, name, module):
         tag(d.get("__spec__"))
         return False
     return True
 
 
-def sweep() -> None:
+def sweep(retry: bool = True, occasion: bool = False) -> None:
     """Fire every watched module that finished loading without our loader seeing it (`status()`
-    calls it too)."""
+    calls it too, as a new `occasion`), and retry callbacks that raised, if an import began since
+    (`retry`)."""
+    if occasion:
+        _watcher.generation += 1
     for name, module in _watcher.loaded_unseen():
+        if not (_due(name) if retry else name not in _watcher.failures):
+            continue
         try:
-            fire(name, module)
+            fire(name, module, _pending(name, module))
         except Exception as exc:
             report(name, exc)
 
@@ -203,6 +211,7 @@ def unwatch_all() -> None:
     with _watcher.lock:
         _watcher.callbacks.clear()
         _watcher.fired.clear()
+        _watcher.failures.clear()
         sys.meta_path = [f for f in sys.meta_path if f is not _watcher]
 
 
@@ -219,18 +228,99 @@ def _hook_error(module: str, exc: BaseException) -> None:
     from te_offload_shim._log import warn_once
 
     _shim._failed(module, exc)  # for status(): the install state has one owner
-    warn_once(f"hook:{module}", "te_offload_shim: patching %s failed (%s); it runs unpatched", module, repr(exc))
+    warn_once(
+        f"hook:{module}",
+        "te_offload_shim: patching %s failed (%s); it runs unpatched until a retry succeeds",
+        module,
+        _describe(exc),
+    )
+
+
+# Callbacks that raised (a signal handler's exception arriving while they ran, a bug) run again at
+# the first sweep after an import began since (the end of that import, or `status()`), up to this
+# many attempts per module object; until one succeeds, their failure says why, and the status rows of
+# the module's targets say `error`. Only the callbacks that raised run again.
+ATTEMPTS = 5
+
+
+class Failure:
+    """The callbacks of one module object that raised, waiting to run again."""
+
+    __slots__ = ("attempts", "callbacks", "generation", "module", "why")
+
+    def __init__(self, why: str, attempts: int, callbacks: "tuple[Callback, ...]", module: "Any") -> None:
+        self.why = why
+        self.attempts = attempts
+        self.callbacks = callbacks
+        self.module = module  # () -> the module object (a weak reference where the type allows one)
+        self.generation = _watcher.generation  # imports begun so far: the retry waits for one more
+
+    @property
+    def retried(self) -> bool:
+        return self.attempts < ATTEMPTS
+
+
+def _due(name: str) -> bool:
+    """Whether a sweep may fire `name` now: no callback of it failed, or an import began since one
+    did (so the sweeps that follow a failure, in the same import, cannot spend every attempt)."""
+    failure = _watcher.failures.get(name)
+    return failure is None or failure.generation != _watcher.generation
+
+
+def _pending(name: str, module: object) -> "tuple[Callback, ...] | None":
+    """The callbacks that raised for this very module object (None: all of them)."""
+    failure = _watcher.failures.get(name)
+    if failure is None or failure.module() is not module:
+        return None
+    registered = _watcher.callbacks.get(name, ())
+    return tuple(c for c in failure.callbacks if c in registered)
 
 
 def _run(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]") -> None:
     thread = _thread.get_ident()
-    _watcher.firing.add(thread)
+    _watcher.firing[thread] = name
+    failed: list[tuple[Callback, BaseException]] = []
+    index = 0
     try:
-        for callback in callbacks:
+        while index < len(callbacks):
             try:
-                callback(module)
+                callbacks[index](module)
             except Exception as exc:  # never let a hook fail the target's import
+                failed.append((callbacks[index], exc))
                 report(name, exc)
+            index += 1
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit: the rest did not run; on its way
+        failed += [(c, exc) for c in callbacks[index:]]
+        raise
     finally:
-        _watcher.firing.discard(thread)
-    sweep()  # what came due meanwhile
+        _watcher.firing.pop(thread, None)
+        _settle(name, module, failed)
+    sweep(retry=False)  # what came due meanwhile
+
+
+def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseException]]") -> None:
+    # Runs in a `finally`: never raises.
+    earlier = _watcher.failures.pop(name, None)
+    if not failed:
+        return
+    attempts = earlier.attempts + 1 if earlier is not None and earlier.module() is module else 1
+    try:
+        ref: Any = _weakref.ref(module)
+    except TypeError:
+        ref = lambda: module  # noqa: E731  (a module type without weak references)
+    failure = Failure(_describe(failed[-1][1]), attempts, tuple(c for c, _ in failed), ref)
+    if failure.retried and _watcher.fired_for(name, module):
+        _watcher.fired.pop(name, None)  # due again: loaded_unseen() hands it to a later sweep
+    _watcher.failures[name] = failure
+
+
+def failures() -> "dict[str, tuple[str, int, bool]]":
+    """module -> (why its callbacks raised, attempts, whether they run again), for `status()`."""
+    return {name: (f.why, f.attempts, f.retried) for name, f in list(_watcher.failures.items())}
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:  # an exception whose __str__ raises
+        return type(exc).__name__

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-_all: list[Lock] = []
+_all: list[Lock] = globals().get("_all", [])  # kept by importlib.reload: the locks made before it are reset too
 
 
 class Lock:

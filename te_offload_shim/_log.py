@@ -14,8 +14,10 @@ from te_offload_shim._locks import Lock
 
 logger = logging.getLogger("te_offload_shim")
 
-_warned: set[str] = set()
-_lock = Lock()
+# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
+# the state below outlives it, or uninstall() and status() would lose what was patched.
+_warned: set[str] = globals().get("_warned", set())
+_lock = globals().get("_lock") or Lock()
 
 
 def log(level: int, message: str, *args: object) -> None:

@@ -64,6 +64,10 @@ def audit_device_type() -> str | None:
 def disabled_targets() -> frozenset[str]:
     """Target names switched off by TE_OFFLOAD_SHIM_DISABLE (`*` switches off every target)."""
     raw = os.environ.get(DISABLE, "")
+    if not raw.isascii():  # names as TE_OFFLOAD_SHIM_TARGETS reads them (NFKC, like Python identifiers)
+        import unicodedata
+
+        raw = unicodedata.normalize("NFKC", raw)
     return frozenset(part.strip() for part in raw.split(",") if part.strip())
 
 

@@ -69,12 +69,15 @@ def on_target_import(module: ModuleType) -> None:
 
 def status() -> Status:
     """What this process has: switches, and for each target whether it is imported and patched."""
+    failures: dict[str, tuple[str, int, bool]] = {}
     if _shim.installed():
-        _shim._load_firing().sweep()
+        firing = _shim._load_firing()
+        firing.sweep(occasion=True)  # a later occasion: callbacks that raised run again
+        failures = firing.failures()
     from te_offload_shim.engine.status import status as status_
 
     installed, _, problems, hook_errors = _shim._state()
-    return status_(all_targets(), installed, problems, hook_errors, _shim.__version__)
+    return status_(all_targets(), installed, problems, hook_errors, _shim.__version__, failures)
 
 
 def stats() -> Stats:

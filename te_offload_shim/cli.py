@@ -367,7 +367,11 @@ def _startup_file(args: argparse.Namespace) -> int:
 def _discover(args: argparse.Namespace) -> int:
     from te_offload_shim.integrations import discover
 
-    candidates = discover.discover(args.paths)
+    skipped: list[str] = []
+    candidates = discover.discover(args.paths, skipped)
+    if args.verbose:
+        for line in skipped:
+            print(f"te-offload-shim discover: skipped {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(discover.as_json(candidates), indent=2))
     else:
@@ -417,6 +421,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="*", metavar="PATH", help="folders or files (default: installed distributions)")
     p.add_argument("--json", action="store_true", help="every candidate, covered ones included, as JSON")
     p.add_argument("--all", action="store_true", help="list the covered candidates too")
+    p.add_argument("-v", "--verbose", action="store_true", help="name each file that could not be scanned, and why")
     p.set_defaults(func=_discover)
     p = command("startup-file")
     p.set_defaults(func=_startup_file)

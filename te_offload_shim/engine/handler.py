@@ -10,14 +10,16 @@ instead, for tests. The switches are read at every call: `TE_OFFLOAD_SHIM=0` or 
 from __future__ import annotations
 
 import threading
+from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
-from te_offload_shim.engine import hooks
+from te_offload_shim.engine import hooks, registry
 from te_offload_shim.te import caches
 from te_offload_shim.te.caching_off import describe
+from te_offload_shim.te.chunks import as_chunks
 
 if TYPE_CHECKING:
     import inspect
@@ -26,9 +28,11 @@ if TYPE_CHECKING:
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.engine.schema import Target
 
-_lock = Lock()
-_inside = threading.local()
-_totals: dict[str, Any] = {
+# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
+# the state below outlives it, or uninstall() and status() would lose what was patched.
+_lock = globals().get("_lock") or Lock()
+_inside = globals().get("_inside", threading.local())
+_totals: dict[str, Any] = globals().get("_totals") or {
     "calls": 0,
     "cleared_calls": 0,
     "entries": 0,
@@ -39,11 +43,14 @@ _totals: dict[str, Any] = {
     "errors": 0,
     "primary_weight_bytes": 0,  # FP8 primary weights' transpose/columnwise copies seen at the last call
 }
-_by_target: dict[str, dict[str, int]] = {}
-_left: dict[str, dict[str, int]] = {}  # target -> the reason its skip rule gave -> calls left alone
-_caching_off: dict[str, int] = {}  # TE layers whose caching is off by configuration, by reason, at the last call
-_announced = False
-_said_off: set[str] = set()  # the reasons "caching is off" was said for at the first clearing's log level
+_by_target: dict[str, dict[str, int]] = globals().get("_by_target", {})
+# target -> the reason its skip rule gave -> calls left alone
+_left: dict[str, dict[str, int]] = globals().get("_left", {})
+# TE layers whose caching is off by configuration, by reason, at the last call
+_caching_off: dict[str, int] = globals().get("_caching_off", {})
+_announced = globals().get("_announced", False)
+# the reasons "caching is off" was said for at the first clearing's log level
+_said_off: set[str] = globals().get("_said_off", set())
 
 
 def totals() -> dict[str, Any]:
@@ -137,31 +144,44 @@ class Handler:
         self.root = target.where.parameter(list(signature.parameters), self.takes_self) or ""
 
     def __call__(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+        # A wrapped call has one frame more than the original, this one (as under any wrapper):
+        # pytest and IPython leave a frame out of the tracebacks they print when it sets this.
+        __tracebackhide__ = True
         if not self.record.armed:
             return wrapped(*args, **kwargs)
         depth = getattr(_inside, "depth", 0)
+        covered: frozenset[int] = getattr(_inside, "covered", _NONE)
         _inside.depth = depth + 1
         try:
-            # An offload that calls another patched offload (a subclass calling super(), verl's
-            # function reaching Megatron's) was cleared by the outermost wrapper already.
+            # An offload that calls another patched offload (SkyRL's function reaching megatron-core's
+            # buffer offload, a subclass calling super()): the inner wrapper clears only the chunks
+            # that no wrapper outside it cleared. Only a clearing that ran counts: a target switched
+            # off, left alone by its skip rule, failing, or whose spec finds nothing covers nothing,
+            # so adding or disabling a target never clears less than not having it.
+            models, cleared = self._clear_failing_open(instance, args, kwargs, covered, depth > 0)
+            if cleared:
+                _inside.covered = covered | cleared
             pending = None
-            if depth == 0:
-                models = self._clear_failing_open(instance, args, kwargs)
-                if _switches.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
-                    pending = self._begin_audit(models, instance, args, kwargs)
+            if depth == 0 and _switches.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
+                pending = self._begin_audit(models, instance, args, kwargs)
             result = wrapped(*args, **kwargs)
             if pending is not None:
                 pending.finish()  # never raises
             return result
         finally:
             _inside.depth = depth
+            _inside.covered = covered
 
-    def _clear_failing_open(self, instance: Any, args: tuple, kwargs: dict) -> Any:
-        """Clear this call's caches; returns the model chunks it found (None if it found none)."""
+    def _clear_failing_open(
+        self, instance: Any, args: tuple, kwargs: dict, covered: frozenset[int], nested: bool
+    ) -> tuple[Any, frozenset[int]]:
+        """Clear this call's caches; returns the model chunks it found (None if it found none) and
+        the ids of the chunks it cleared."""
         try:
             if _switches.enabled() and not _switches.is_disabled(self.target.name):
-                return self._clear(instance, args, kwargs)
+                return self._clear(instance, args, kwargs, covered, nested)
         except Exception as exc:
+            registry.clearing_failed(self.target.name, describe_error(exc))
             if _switches.strict():
                 raise
             with _lock:
@@ -172,7 +192,7 @@ class Handler:
                 self.target.path,
                 repr_safe(exc),
             )
-        return None
+        return None, _NONE
 
     def _begin_audit(self, models: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
         from te_offload_shim.reports import audit
@@ -204,10 +224,27 @@ class Handler:
         where = self.target.where
         obj = call.get(self.root)
         for step, name in enumerate(where.path):
-            obj = getattr(obj, name, None)
+            holder, obj = obj, getattr(obj, name, _ABSENT)
+            if obj is _ABSENT:
+                if self.target.user:  # the user's own spec: a wrong one must not stay silent
+                    warn_once(
+                        f"spec-finds-nothing:{self.target.name}",
+                        "te_offload_shim: %s: models spec %r finds nothing (%s has no attribute %r); "
+                        "nothing is cleared at this call",
+                        self.target.path,
+                        where.text,
+                        type(holder).__name__,
+                        name,
+                    )
+                return None
             if obj is None:
                 return None
             if where.call and step == len(where.path) - 1:
+                if not _written_in_python(obj):
+                    raise NotCalled(
+                        f"models spec {where.text!r}: {name} is a {type(obj).__name__}, not a method written in "
+                        "Python (a built-in such as list.clear): not called, nothing cleared"
+                    )
                 obj = obj()
         return obj
 
@@ -218,18 +255,52 @@ class Handler:
             return self.target.resolve(models)
         return models, None
 
-    def _clear(self, instance: Any, args: tuple, kwargs: dict) -> Any:
+    def _clear(
+        self, instance: Any, args: tuple, kwargs: dict, covered: frozenset[int], nested: bool
+    ) -> tuple[Any, frozenset[int]]:
         target = self.target
         call = self._bind(instance, args, kwargs)
         if call is None:
-            return None
+            return None, _NONE
         reason = target.skip(call) if target.skip is not None else None
         if reason:
-            _left_alone(target, reason)
-            return None
-        models, params = self._chunks(call)
+            if not nested:  # a call inside another wrapped call: the outer one is what counts
+                _left_alone(target, reason)
+            return None, _NONE
+        try:
+            models, params = self._chunks(call)
+        except NotCalled as refused_call:
+            if not nested:
+                _left_alone(target, str(refused_call))
+            warn_once(f"not-called:{target.name}", "te_offload_shim: %s: %s", target.path, refused_call)
+            return None, _NONE
+        chunks, refused = as_chunks(models)
+        if refused is None and covered:
+            chunks = [c for c in chunks if id(c) not in covered]
+            if not chunks:
+                return models, _NONE  # every chunk of it was cleared by a wrapper outside this call
+            models = chunks
         _record(target, caches.clear_fp8_workspaces(models, params=params, strict=_switches.strict()))
-        return models
+        # A clearing limited to some layers (megatron-core's: one buffer's) covers no whole chunk.
+        return models, frozenset(id(c) for c in chunks) if params is None else _NONE
+
+
+_NONE: frozenset[int] = frozenset()
+_ABSENT = object()
+
+
+class NotCalled(Exception):
+    """A `where` spec's final call that the handler refuses to make, and why."""
+
+
+def _written_in_python(obj: object) -> bool:
+    # The one call a spec may make is a method (or function) written in Python: a getter such as
+    # ROLL's `get_models()`. A built-in found there (`list.clear`, `dict.popitem`) changes what it is
+    # called on: the parse already refuses dunder and private steps, this is the run-time half.
+    cls = type(obj)
+    if cls is MethodType:
+        return type(obj.__func__) is FunctionType  # type: ignore[attr-defined]
+    return cls is FunctionType
 
 
 def repr_safe(obj: object) -> str:
@@ -239,6 +310,14 @@ def repr_safe(obj: object) -> str:
         return repr(obj)
     except Exception:
         return f"<{type(obj).__name__}>"
+
+
+def describe_error(exc: BaseException) -> str:
+    """`Type: message` of an exception, which cannot raise (nor keep the exception)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
 
 
 def make_handler(target: Target, signature: inspect.Signature, binding: str, record: Record) -> Handler:

@@ -22,8 +22,12 @@ if TYPE_CHECKING:
 
     ClassFinder = Callable[[object], "type | None"]
 
-_ignored_keywords: frozenset[str] = frozenset()  # replaced, never edited: read without a lock
-_class_finders: tuple[ClassFinder, ...] = ()
+# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
+# the state below outlives it, or uninstall() and status() would lose what was patched.
+_ignored_keywords: frozenset[str] = globals().get(
+    "_ignored_keywords", frozenset()
+)  # replaced, never edited: read without a lock
+_class_finders: tuple[ClassFinder, ...] = globals().get("_class_finders", ())
 
 
 def ignore_keyword(name: str) -> None:

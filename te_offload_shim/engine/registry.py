@@ -24,10 +24,15 @@ if TYPE_CHECKING:
 
     from te_offload_shim.engine.states import TargetState
 
-_lock = Lock(reentrant=True)
+# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
+# the state below outlives it, or uninstall() and status() would lose what was patched.
+_lock = globals().get("_lock") or Lock(reentrant=True)
 lock = _lock  # held across a whole patch: check, record, put in place
-_records: list[Record] = []
-_states: dict[str, tuple[TargetState, str]] = {}
+_records: list[Record] = globals().get("_records", [])
+_states: dict[str, tuple[TargetState, str]] = globals().get("_states", {})
+_failed_clearings: dict[str, tuple[int, str]] = globals().get(
+    "_failed_clearings", {}
+)  # target -> (clearings that failed, the latest why)
 
 
 class Record:
@@ -95,6 +100,13 @@ def rebind(old: object, new: object) -> int:
     return count
 
 
+def namespace(module: object) -> dict[str, Any] | None:
+    """A loaded module's namespace, read without running any of its code (None for a module loaded
+    with LazyLoader that has not run yet, or anything that is not a module): the start-up module's
+    own reader, which the watcher uses too."""
+    return _shim._module_namespace(module)
+
+
 def active() -> bool:
     """Whether the shim is installed, as its one owner (the start-up module) says: this module is
     imported with the first patch, not at every interpreter start. `uninstall()` clears the flag
@@ -130,6 +142,19 @@ def state(target: str) -> tuple[TargetState, str] | None:
         return _states.get(target)
 
 
+def clearing_failed(target: str, why: str) -> None:
+    """A call of `target` whose clearing failed open (the offload went on without it): for status()."""
+    with _lock:
+        count = _failed_clearings.get(target, (0, ""))[0]
+        _failed_clearings[target] = (count + 1, why)
+
+
+def failed_clearings(target: str) -> tuple[int, str] | None:
+    """(how many calls of `target` failed to clear, why the latest did), or None."""
+    with _lock:
+        return _failed_clearings.get(target)
+
+
 def deactivate() -> tuple[int, list[str]]:
     """Disarm every record, then undo each (newest first). Returns (attributes restored, errors):
     one patch that cannot be undone does not keep the others in place."""
@@ -139,6 +164,7 @@ def deactivate() -> tuple[int, list[str]]:
             record.armed = False
         _records.clear()
         _states.clear()
+        _failed_clearings.clear()
     restored = 0
     errors: list[str] = []
     for record in reversed(taken):

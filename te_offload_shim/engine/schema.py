@@ -5,7 +5,8 @@ user's entries are both made of these; the patcher and the call handler read not
 `where` spec, shared by the table and `TE_OFFLOAD_SHIM_TARGETS`: a parameter name (`models`, `self`)
 or a position (`arg0` is the first argument after `self`), then optional `.attr` steps, the last of
 which may end in `()` for a call without arguments: `self.model.get_models()`. Empty means the first
-argument. It is parsed, never evaluated.
+argument. It is parsed, never evaluated: no step may be a dunder (`__dict__`), a spec that calls names
+public attributes only, and the call is made only to a method written in Python (engine/handler.py).
 
 `skip`: a function of the bound call (a mapping of parameter names to values) that returns why this
 call is left alone, a short reason that is logged and counted in `stats()["left_alone"]`, or None to
@@ -66,6 +67,20 @@ def parse_where(text: str) -> Where:
         raise ValueError(f"bad models spec {text!r}: expected NAME[.attr...][()] such as self.model")
     if call and len(parts) < 2:
         raise ValueError(f"bad models spec {text!r}: '()' must follow an attribute, e.g. self.model.get_models()")
+    # A spec reads where the models are; it must never be a way to run code. No step reaches into
+    # Python's own attributes, and a spec that calls a method names only public ones (the handler
+    # also calls only a method written in Python, never a built-in such as list.clear).
+    dunders = [p for p in parts if p.startswith("__") and p.endswith("__")]
+    if dunders:
+        raise ValueError(
+            f"bad models spec {text!r}: {dunders[0]} is refused (a spec never reads Python's own attributes)"
+        )
+    private = [p for p in parts if p.startswith("_")]
+    if call and private:
+        raise ValueError(
+            f"bad models spec {text!r}: {private[0]} is private, and a spec that calls a method names public "
+            "attributes only"
+        )
     return Where(parts[0], tuple(parts[1:]), call, spec)
 
 
@@ -124,13 +139,25 @@ class Target:
         return f"Target({self.name!r}, {self.path!r})"
 
 
+def nfkc(text: str) -> str:
+    """`text` normalised as Python normalises identifiers (NFKC); ASCII as it is, without loading
+    unicodedata."""
+    if text.isascii():
+        return text
+    import unicodedata
+
+    return unicodedata.normalize("NFKC", text)
+
+
 def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
     """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
 
-    Returns the good entries and one message per malformed entry (the others still work)."""
+    Returns the good entries and one message per malformed entry (the others still work). Names are
+    read as Python reads identifiers (NFKC, PEP 3131): an import statement naming a module in
+    fullwidth letters imports the module of the same name in ASCII, and so does the entry."""
     targets: list[Target] = []
     problems: list[str] = []
-    for raw in text.split(","):
+    for raw in nfkc(text).split(","):
         entry = raw.strip()
         if not entry:
             continue

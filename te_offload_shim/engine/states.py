@@ -21,9 +21,9 @@ TargetState = Literal[
 class TargetRow(TypedDict):
     name: str
     target: str  # module:attribute
-    imported: bool
+    imported: bool  # in sys.modules and run (a lazily loaded module that has not run yet: False)
     state: TargetState
-    detail: str  # why, for "error" (else empty)
+    detail: str  # why, for "error"; for another state, the clearings that failed, if any (else empty)
     layers: int  # our wrapper layers on the attribute (1 when patched)
 
 

@@ -7,7 +7,8 @@ is `engine.patch.on_target_import`). The report types are in `engine/states.py`.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
 from te_offload_shim.engine import registry
@@ -21,28 +22,32 @@ __all__ = ["Stats", "Status", "TargetRow", "TargetState", "TargetTotals", "stats
 
 
 def status(
-    targets: tuple[Target, ...], installed: bool, problems: list[str], hook_errors: list[str], version: str
+    targets: tuple[Target, ...],
+    installed: bool,
+    problems: list[str],
+    hook_errors: list[str],
+    version: str,
+    failures: dict[str, tuple[str, int, bool]] | None = None,
 ) -> Status:
+    """`failures`: module -> (why its post-import callback raised, attempts, whether it runs again),
+    for those whose callback has not succeeded since."""
     rows: list[TargetRow] = []
     for target in targets:
-        imported = target.module in sys.modules
-        recorded = registry.state(target.name)
-        state: TargetState
-        detail = ""
-        if recorded is not None:
-            state, detail = recorded
-        elif _switches.is_disabled(target.name):
-            state = "disabled"
-        else:
-            state = "pending" if installed else "not installed"
+        loaded = _loaded(target.module)
+        layers, armed = _layers(target, loaded) if loaded is not None else (0, 0)
+        state, detail = _state(target, installed, (failures or {}).get(target.module), armed, loaded is not None)
+        failed = registry.failed_clearings(target.name)
+        if failed is not None and state != "error":
+            count, why = failed
+            detail = f"clearing failed at {count} call(s), the offload going on without it; the latest: {why}"
         rows.append(
             {
                 "name": target.name,
                 "target": target.path,
-                "imported": imported,
+                "imported": loaded is not None,
                 "state": state,
                 "detail": detail,
-                "layers": _layers(target) if imported else 0,
+                "layers": layers,
             }
         )
     return {
@@ -56,18 +61,56 @@ def status(
     }
 
 
-def _layers(target: Target) -> int:
+def _state(
+    target: Target, installed: bool, failure: tuple[str, int, bool] | None, armed: int, imported: bool
+) -> tuple[TargetState, str]:
+    """What the row says, checked against the attribute itself: never `patched` while it holds no
+    armed wrapper of ours, never `patched` while a run-time switch leaves every call alone."""
+    recorded = registry.state(target.name)
+    if recorded is not None:
+        state, detail = recorded
+        if state == "patched" and imported and not armed:
+            return "error", (
+                f"{target.attribute} holds no wrapper of ours any more (replaced after it was patched: an "
+                "assignment, or a reload the import hook did not see); its offload runs without clearing"
+            )
+        if state == "patched" and _switches.is_disabled(target.name):
+            return "disabled", "switched off at run time (TE_OFFLOAD_SHIM_DISABLE): the wrapper leaves each call alone"
+        return state, detail
+    if failure is not None and installed:
+        why, attempts, retried = failure
+        then = "retried at the next import" if retried else f"given up after {attempts} attempts"
+        return "error", f"patching {target.module} was interrupted ({why}); {then}"
+    if _switches.is_disabled(target.name):
+        return "disabled", ""
+    return ("pending" if installed else "not installed"), ""
+
+
+def _loaded(name: str) -> Any:
+    """What `name` is in sys.modules if it has run, else None: a module loaded with LazyLoader has
+    not, until its first attribute read (reading its namespace here would run it). Anything else
+    there counts (a module may put another object in its place)."""
+    module = sys.modules.get(name)
+    if module is None or (issubclass(type(module), ModuleType) and registry.namespace(module) is None):
+        return None
+    return module
+
+
+def _layers(target: Target, module: Any) -> tuple[int, int]:
+    """(our wrappers on the attribute, those of them still armed)."""
     # Our wrappers exist only once engine/wrapper.py is loaded (by the first patch, and wrapt with
     # it); importing it here would load wrapt into a process that never patched anything.
     wrapper = sys.modules.get("te_offload_shim.engine.wrapper")
-    module = sys.modules.get(target.module)
-    if wrapper is None or module is None:
-        return 0
+    if wrapper is None:
+        return 0, 0
     try:
         found = owner_of(module, target.attribute)
-        return wrapper.shim_layers(vars(found[0])[found[1]]) if found else 0
+        if not found:
+            return 0, 0
+        raw = vars(found[0])[found[1]]
+        return wrapper.shim_layers(raw), wrapper.armed_layers(raw)
     except Exception:
-        return 0
+        return 0, 0
 
 
 def stats() -> Stats:

@@ -93,8 +93,19 @@ class ShimWrapper(wrapt.FunctionWrapper):  # type: ignore[misc]
         return self
 
 
+# Ours by the class's name in this module, not by identity: a reloaded module has new classes, and
+# the wrappers made before the reload are ours all the same (patching must not stack another).
+_OURS = frozenset({"ShimWrapper", "_BoundShimWrapper"})
+
+
 def is_ours(obj: object) -> bool:
-    return type(obj) is ShimWrapper or type(obj) is _BoundShimWrapper
+    cls = type(obj)
+    return cls.__qualname__ in _OURS and cls.__module__ == __name__
+
+
+def _armed(obj: object) -> bool:
+    cls = type(obj)
+    return cls.__qualname__ == "ShimWrapper" and cls.__module__ == __name__ and obj._self_record.armed  # type: ignore[attr-defined]
 
 
 def unwrap_descriptor(obj: Any) -> Any:
@@ -124,4 +135,4 @@ def shim_layers(obj: object) -> int:
 
 def armed_layers(obj: object) -> int:
     """Like `shim_layers`, counting only wrappers whose record is still armed."""
-    return sum(1 for o in _chain(obj) if type(o) is ShimWrapper and o._self_record.armed)
+    return sum(1 for o in _chain(obj) if _armed(o))

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 FLUSH_CALLS = frozenset({"empty_cache", "clear_memory", "gc_collect", "aggressive_empty_cache"})
 _SAVER_HINT = "memory_saver"
@@ -111,8 +111,13 @@ def _saver_pause(call: ast.Call) -> bool:
     return _call_name(call) == "pause" and _SAVER_HINT in _text(call.func)
 
 
-class _Body(ast.NodeVisitor):
-    """Moves and flushes in one function body (nested functions and classes are their own)."""
+class _Body:
+    """Moves and flushes in one function body (nested functions and classes are their own).
+
+    Walked with a stack, not ast.NodeVisitor's recursion: one deeply nested expression (a sum of a
+    few hundred terms) would exceed the recursion limit and cost the whole scan."""
+
+    _OWN = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
     def __init__(self) -> None:
         self.moves: list[str] = []
@@ -122,24 +127,29 @@ class _Body(ast.NodeVisitor):
         self.delegates: list[str] = []  # callees that do the move (another offload function)
         self.called: set[str] = set()  # names of the functions and methods it calls
 
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        return None
+    def read(self, statements: list[ast.stmt]) -> None:
+        """Every node below `statements`, parents before children, in source order."""
+        stack: list[ast.AST] = list(reversed(statements))
+        while stack:
+            node = stack.pop()
+            if isinstance(node, self._OWN):
+                continue
+            if isinstance(node, ast.Name):
+                self.names.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                self._attribute(node)
+            elif isinstance(node, ast.Call):
+                self._call(node)
+            elif isinstance(node, ast.Assign):
+                self._assign(node)
+            stack.extend(reversed(list(ast.iter_child_nodes(node))))
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        return None
-
-    def visit_Name(self, node: ast.Name) -> None:
-        self.names.add(node.id)
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
+    def _attribute(self, node: ast.Attribute) -> None:
         self.names.add(node.attr)
         if isinstance(node.value, ast.Name) and node.value.id == "self":
             self.self_attrs.append(node.attr)
-        self.generic_visit(node)
 
-    def visit_Call(self, node: ast.Call) -> None:
+    def _call(self, node: ast.Call) -> None:
         name = _call_name(node)
         self.called.add(name)
         if name == "offload_to_cpu" and isinstance(node.func, ast.Attribute):
@@ -160,13 +170,11 @@ class _Body(ast.NodeVisitor):
             self.flushes.append("torch_memory_saver.pause()")
         if name in FLUSH_CALLS:
             self.flushes.append(f"{name}()")
-        self.generic_visit(node)
 
-    def visit_Assign(self, node: ast.Assign) -> None:
+    def _assign(self, node: ast.Assign) -> None:
         for target in node.targets:
             if isinstance(target, ast.Attribute) and target.attr == "data" and _is_cpu_move(node.value):
                 self.moves.append(f"{_text(target)} = ...cpu")
-        self.generic_visit(node)
 
 
 def _guess_where(func: ast.FunctionDef | ast.AsyncFunctionDef, body: _Body, is_method: bool) -> str:
@@ -213,20 +221,17 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.As
 
 
 def scan_source(source: str, module: str, filename: str) -> list[Candidate]:
-    """Candidates in one module's source; [] when it does not parse."""
+    """Candidates in one module's source. Raises what `ast.parse` raises for source it cannot
+    build (SyntaxError, ValueError, RecursionError, MemoryError): `scan` reports the file skipped."""
     if not any(t in source for t in _TEXT_FLUSH) or not any(t in source for t in _TEXT_MOVE):
         return []
-    try:
-        tree = ast.parse(source, filename)
-    except (SyntaxError, ValueError):
-        return []
+    tree = ast.parse(source, filename)
     megatron = _imports_megatron(tree)
     clearing: set[str] | None = None
     found: list[Candidate] = []
     for qualname, func, is_method in _functions(tree):
         body = _Body()
-        for statement in func.body:
-            body.visit(statement)
+        body.read(func.body)
         if not body.moves or not body.flushes:
             continue
         if not megatron and not body.names.intersection(_MODEL_NAMES):
@@ -290,35 +295,55 @@ def files_under(path: Path) -> Iterator[tuple[Path, str]]:
                     yield file, module
 
 
-def installed_files() -> Iterator[tuple[Path, str]]:
-    """(file, module name) for the .py files of every installed distribution (its RECORD)."""
+def installed_files(skipped: list[str] | None = None) -> Iterator[tuple[Path, str]]:
+    """(file, module name) for the .py files of every installed distribution (its RECORD). A
+    distribution whose RECORD cannot be read (importlib raises on an empty line) costs only itself:
+    it goes into `skipped`, with why."""
     from importlib import metadata
 
     seen: set[Path] = set()
     for dist in metadata.distributions():
-        for item in dist.files or ():
-            if item.suffix != ".py" or item.parts[0].endswith((".dist-info", ".egg-info")) or ".." in item.parts:
-                continue
-            if item.parts[0] in ("tests", "test"):
-                continue
-            file = Path(str(dist.locate_file(item)))
-            if file in seen or not file.is_file():
-                continue
-            seen.add(file)
-            module = ".".join(item.with_suffix("").parts)
-            module = module.removesuffix(".__init__")
-            if all(p.isidentifier() for p in module.split(".")):
-                yield file, module
+        try:
+            found = list(_record_files(dist, seen))
+        except Exception as exc:
+            if skipped is not None:
+                name = getattr(dist, "_path", None) or "a distribution"
+                skipped.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        yield from found
 
 
-def scan(files: Iterable[tuple[Path, str]]) -> list[Candidate]:
+def _record_files(dist: Any, seen: set[Path]) -> Iterator[tuple[Path, str]]:
+    for item in dist.files or ():
+        parts = item.parts
+        if not parts or item.suffix != ".py" or parts[0].endswith((".dist-info", ".egg-info")) or ".." in parts:
+            continue
+        if parts[0] in ("tests", "test"):
+            continue
+        file = Path(str(dist.locate_file(item)))
+        if file in seen or not file.is_file():
+            continue
+        seen.add(file)
+        module = ".".join(item.with_suffix("").parts)
+        module = module.removesuffix(".__init__")
+        if all(p.isidentifier() for p in module.split(".")):
+            yield file, module
+
+
+def scan(files: Iterable[tuple[Path, str]], skipped: list[str] | None = None) -> list[Candidate]:
+    """Candidates in `files`. A file that cannot be read or analysed for any reason (one valid
+    module can still be too deep for `ast` to build: a sum of 3,000 terms raises RecursionError)
+    costs only itself: it goes into `skipped`, with why, and the scan goes on."""
     found: list[Candidate] = []
     for file, module in files:
         try:
+            if not file.is_file():  # a named pipe called x.py would block the read for good
+                raise OSError("not a regular file")
             source = file.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            continue
-        found.extend(scan_source(source, module, str(file)))
+            found.extend(scan_source(source, module, str(file)))
+        except Exception as exc:
+            if skipped is not None:
+                skipped.append(f"{file}: {type(exc).__name__}: {exc}")
     return found
 
 
@@ -344,13 +369,14 @@ def mark_covered(candidates: list[Candidate]) -> None:
             candidate.covered, candidate.covered_by = True, f"calls {', '.join(candidate.delegates)} (a table name)"
 
 
-def discover(paths: list[str] | None = None) -> list[Candidate]:
-    """Every candidate under `paths` (or in the installed distributions), covered ones marked."""
+def discover(paths: list[str] | None = None, skipped: list[str] | None = None) -> list[Candidate]:
+    """Every candidate under `paths` (or in the installed distributions), covered ones marked; the
+    files that could not be scanned, with why, go into `skipped`."""
     if paths:
         files: Iterable[tuple[Path, str]] = (f for p in paths for f in files_under(Path(p)))
     else:
-        files = installed_files()
-    candidates = scan(files)
+        files = installed_files(skipped)
+    candidates = scan(files, skipped)
     mark_covered(candidates)
     candidates.sort(key=lambda c: (c.covered, c.target))
     return candidates

@@ -7,8 +7,12 @@ A buffer knows its parameters, not its modules. Its owner is a megatron `Distrib
 (`ddp.buffers` / `ddp.expert_parallel_buffers`). Owners are found once, at the first offload of an
 unknown buffer, by one pass over the garbage collector's objects, then remembered weakly: so it
 works for a DDP built before or after the shim was activated, and costs nothing per training step.
-A buffer without an owner (none found, or its DDP collected) is remembered as such and never
-searched for again.
+A buffer without an owner (none found, its DDP collected, or the search itself failed) is
+remembered as such and never searched for again.
+
+The pass reads nothing but each object's type: `isinstance` reads `obj.__class__` when the type
+does not match, and the heap holds anything (a module loaded with `importlib.util.LazyLoader`
+executes its body on any attribute read; a lazy proxy such as Django's `LazyObject` raises there).
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from typing import Any
 
 from te_offload_shim._locks import Lock
 
-_owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
-_orphans: weakref.WeakSet[Any] = weakref.WeakSet()
-_lock = Lock()  # fork-safe, like every lock of the package
+# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
+# the state below outlives it, or uninstall() and status() would lose what was patched.
+_owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = globals().get("_owners", weakref.WeakKeyDictionary())
+_orphans: weakref.WeakSet[Any] = globals().get("_orphans", weakref.WeakSet())
+_lock = globals().get("_lock") or Lock()  # fork-safe, like every lock of the package
 _DDP_MODULES = (
     "megatron.core.distributed.distributed_data_parallel",
     "megatron.core.distributed",
@@ -51,13 +57,20 @@ def register(ddp: Any) -> None:
             _owners[buffer] = ref
 
 
+class OwnerSearchFailed(RuntimeError):
+    """The pass over the heap for a buffer's DDP raised: that buffer is not searched for again."""
+
+
 def _scan() -> None:
     classes = _ddp_classes()
     if not classes:
         return
     for obj in gc.get_objects():
-        if isinstance(obj, classes):
-            register(obj)
+        if issubclass(type(obj), classes):  # the type only: see the module's docstring
+            try:
+                register(obj)
+            except Exception:  # one DDP whose buffers cannot be read costs only itself
+                continue
 
 
 def owner_of(buffer: Any) -> Any:
@@ -76,7 +89,15 @@ def owner_of(buffer: Any) -> Any:
                 del _owners[buffer]
                 _orphans.add(buffer)
             return owner
-    _scan()
+    try:
+        _scan()
+    except Exception as exc:
+        with _lock:
+            _orphans.add(buffer)
+        raise OwnerSearchFailed(
+            f"searching the heap for the DDP that owns a buffer failed ({type(exc).__name__}: {exc}); "
+            "that buffer is not searched for again, and its offloads clear nothing"
+        ) from None
     with _lock:
         ref = _owners.get(buffer)
         owner = ref() if ref is not None else None

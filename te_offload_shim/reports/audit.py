@@ -27,9 +27,11 @@ class Target(Protocol):
     def path(self) -> str: ...
 
 
-_lock = Lock()
-_audits = 0
-_latest: dict[str, Any] | None = None
+# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
+# the state below outlives it, or uninstall() and status() would lose what was patched.
+_lock = globals().get("_lock") or Lock()
+_audits = globals().get("_audits", 0)
+_latest: dict[str, Any] | None = globals().get("_latest", None)
 
 
 def latest() -> dict[str, Any] | None:

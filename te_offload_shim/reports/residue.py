@@ -279,7 +279,7 @@ class _Walk:
                         self.add("fp8_workspaces", node, name, d.get(name))
                 extra = d.keys() - internal
                 if extra:
-                    self.attributes(node, d, extra)
+                    self.attributes(node, d, extra, report)
             except Exception as exc:  # one odd module must not hide the rest
                 report.errors.append(f"{_path(node)}: {type(exc).__name__}: {exc}")
             children = d.get("_modules")
@@ -294,14 +294,17 @@ class _Walk:
         else:  # not TE's plain dict: whatever tensors it holds
             self.add("fp8_workspaces", node, WORKSPACES, workspaces)
 
-    def attributes(self, node: _Node, d: dict, names: set[str]) -> None:
+    def attributes(self, node: _Node, d: dict, names: set[str], report: ResidueReport) -> None:
         for name in sorted(names):
             value = d[name]
             if type(value) in _SCALARS:
                 continue
-            if name in DDP_BUFFER_LISTS and self.ddp_buffers(node, name, value):
-                continue
-            self.other(node, name, name, value, 0)
+            try:
+                if name in DDP_BUFFER_LISTS and self.ddp_buffers(node, name, value):
+                    continue
+                self.other(node, name, name, value, 0)
+            except Exception as exc:  # one odd attribute costs only itself
+                report.errors.append(f"{_path(node)}.{name}: {type(exc).__name__}: {exc}")
 
     def parameter(self, node: _Node, name: str, p: Any) -> None:
         if type(p) in self.plain:
@@ -323,22 +326,29 @@ class _Walk:
                 if grad in own:
                     self.add("gradients", node, f"{name}.{grad}", own[grad])
 
+    # The values below are anything a module refers to, so they are told apart by their type alone,
+    # never by an attribute of theirs: `isinstance` reads `__class__` when the type does not match,
+    # and a lazily loaded module executes on any attribute read (a lazy proxy may raise instead).
+
     def ddp_buffers(self, node: _Node, name: str, value: Any) -> bool:
-        if not isinstance(value, (list, tuple)) or not value:
+        if not issubclass(type(value), (list, tuple)) or not value:
             return False
         found = False
+        tensor = self.torch.Tensor
         for i, buffer in enumerate(value):
+            if issubclass(type(buffer), _OPAQUE):
+                continue
             fields = getattr(buffer, "__dict__", None)
-            if not isinstance(fields, dict) or not any(m in fields for m in _DDP_BUFFER_MARKS):
+            if type(fields) is not dict or not any(m in fields for m in _DDP_BUFFER_MARKS):
                 continue
             found = True
             for field_name, item in fields.items():
                 label = f"{name}[{i}].{field_name}"
-                if isinstance(item, (list, tuple)):
+                if issubclass(type(item), (list, tuple)):
                     for part in item[:_MAX_ITEMS]:
-                        if isinstance(part, self.torch.Tensor):
+                        if issubclass(type(part), tensor):
                             self.add("ddp_buffers", node, label, part)
-                elif isinstance(item, self.torch.Tensor):
+                elif issubclass(type(item), tensor):
                     self.add("ddp_buffers", node, label, item)
         return found
 
@@ -348,10 +358,10 @@ class _Walk:
         cls = type(value)
         if cls in _SCALARS:
             return
-        if cls in self.plain or isinstance(value, self.torch.Tensor):
+        if cls in self.plain or issubclass(cls, self.torch.Tensor):
             self.add("other", node, label, value, key)
             return
-        if isinstance(value, _OPAQUE) or isinstance(value, self.module_type):
+        if issubclass(cls, _OPAQUE) or issubclass(cls, self.module_type):
             return  # modules are walked through `_modules`; one merely referenced is not ours
         try:
             storage = sizes._is_storage(value)  # a TE quantized value outside the workspace dict
@@ -368,17 +378,17 @@ class _Walk:
         if cls in (list, tuple):
             for i, item in enumerate(value[:_MAX_ITEMS]):
                 self.other(node, f"{label}[{i}]", key, item, depth + 1)
-        elif isinstance(value, dict):
+        elif issubclass(cls, dict):
             for i, (k, item) in enumerate(value.items()):
                 if i >= _MAX_ITEMS:
                     break
-                if isinstance(k, str):
+                if type(k) is str:
                     self.other(node, f"{label}[{k}]", f"{key}.{k}", item, depth + 1)
                 else:
                     self.other(node, f"{label}[{i}]", key, item, depth + 1)
         else:
             fields = getattr(value, "__dict__", None)
-            if isinstance(fields, dict):
+            if type(fields) is dict:
                 for k, item in list(fields.items())[:_MAX_ITEMS]:
                     self.other(node, f"{label}.{k}", f"{key}.{k}", item, depth + 1)
 

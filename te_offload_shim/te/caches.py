@@ -15,7 +15,6 @@ counted once, together, at the end of the call (`sizes`).
 
 from __future__ import annotations
 
-import gc
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -44,31 +43,22 @@ def clear_fp8_workspaces(
     With `params`, only the layers owning one of those parameters are cleared. Call it before your
     allocator flush (`torch.cuda.empty_cache()`): the freed blocks otherwise stay in PyTorch's
     cache. TE >= 1.8 rebuilds the caches on the next forward."""
-    return _with_gc_off(models, clear=True, strict=strict, params=params)
+    return _process(models, clear=True, strict=strict, params=params)
 
 
 def scan(models: object, *, params: Iterable[Any] | None = None) -> CacheReport:
     """The report `clear_fp8_workspaces` would give, changing nothing."""
-    return _with_gc_off(models, clear=False, strict=False, params=params)
-
-
-def _with_gc_off(models: object, clear: bool, strict: bool | None, params: Iterable[Any] | None) -> CacheReport:
-    # The walk and the accounting allocate a few objects per module and per cache entry (lists
-    # growing, one storage object per inner tensor). On a model of a million modules that wakes the
-    # cyclic collector again and again, and each pass traverses the tracked objects of the whole
-    # process (the model included) to find nothing: nothing made here forms a cycle. So it is off
-    # for the call, and only when it was on (a program that turned it off keeps it off).
-    if not gc.isenabled():
-        return _process(models, clear, strict, params)
-    gc.disable()
-    try:
-        return _process(models, clear, strict, params)
-    finally:
-        gc.enable()
+    return _process(models, clear=False, strict=False, params=params)
 
 
 def _process(models: object, clear: bool, strict: bool | None, params: Iterable[Any] | None) -> CacheReport:
-    """One clearing (or scan) of every chunk in `models`."""
+    """One clearing (or scan) of every chunk in `models`.
+
+    The cyclic collector is left as the application has it. Switching it off for the call spares
+    the collections that the walk's allocations trigger on a model of a million modules, but
+    switching it back on afterwards would undo an application that turned it off for good meanwhile
+    (Megatron's manual GC does, on another thread), and no check can tell the two apart. What that
+    costs is measured in benchmarks/walk.py ("collector left on")."""
     torch = sys.modules.get("torch")
     report = CacheReport(cleared=clear)
     if torch is None:
@@ -175,10 +165,16 @@ def _graphed(
 
 
 def _allocated(torch: Any) -> int | None:
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_initialized():
+    """Bytes the CUDA allocator holds for tensors, or None: CUDA not initialised, or its counters
+    cannot be read (a half-initialised set-up, a device stand-in). Measuring is a report: it never
+    decides whether the caches are cleared."""
+    try:
+        cuda = getattr(torch, "cuda", None)
+        if cuda is None or not cuda.is_initialized():
+            return None
+        return int(sum(cuda.memory_allocated(i) for i in range(cuda.device_count())))
+    except Exception:
         return None
-    return sum(cuda.memory_allocated(i) for i in range(cuda.device_count()))
 
 
 def _nonempty(workspaces: Any) -> bool:

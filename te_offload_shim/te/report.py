@@ -22,7 +22,8 @@ class CacheReport:
     """What one clearing (or scan) found. `bytes` counts unique storages held by the entries only;
     storages the module's own parameters also hold are in `bytes_shared` (clearing frees none of
     them). `released_bytes` is measured with the CUDA allocator around the clearing, when CUDA is
-    initialised; an entry still referenced elsewhere shows up as not released."""
+    initialised; an entry still referenced elsewhere shows up as not released. None means unknown:
+    CUDA is not initialised, or its counters could not be read (the caches are cleared all the same)."""
 
     cleared: bool = True
     entries: int = 0
