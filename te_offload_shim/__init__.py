@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     def all_targets() -> tuple[Target, ...]: ...
 
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 __all__ = [
     "CacheReport",
     "ResidueReport",
