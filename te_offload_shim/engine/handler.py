@@ -48,6 +48,8 @@ _by_target: dict[str, dict[str, int]] = globals().get("_by_target", {})
 _left: dict[str, dict[str, int]] = globals().get("_left", {})
 # TE layers whose caching is off by configuration, by reason, at the last call
 _caching_off: dict[str, int] = globals().get("_caching_off", {})
+# the same, per target, at that target's last call (its status row says why it cleared nothing)
+_caching_off_by_target: dict[str, dict[str, int]] = globals().get("_caching_off_by_target", {})
 _announced = globals().get("_announced", False)
 # the reasons "caching is off" was said for at the first clearing's log level
 _said_off: set[str] = globals().get("_said_off", set())
@@ -71,8 +73,16 @@ def reset_stats() -> None:
         _by_target.clear()
         _left.clear()
         _caching_off.clear()
+        _caching_off_by_target.clear()
         _said_off.clear()
         _announced = False
+
+
+def caching_off_at_last_call(name: str) -> dict[str, int]:
+    """`{reason: TE layers}` whose caching was off by configuration at target `name`'s last call,
+    when that call cleared nothing; empty otherwise."""
+    with _lock:
+        return dict(_caching_off_by_target.get(name, {}))
 
 
 def _left_alone(target: Target, reason: str) -> None:
@@ -95,6 +105,10 @@ def _record(target: Target, report: caches.CacheReport) -> None:
         _totals["primary_weight_bytes"] = report.primary_weight_bytes
         _caching_off.clear()
         _caching_off.update(report.caching_off)
+        if report.caching_off and not report.entries:
+            _caching_off_by_target[target.name] = dict(report.caching_off)
+        else:
+            _caching_off_by_target.pop(target.name, None)
         if report.entries:
             _totals["cleared_calls"] += 1
             _totals["entries"] += report.entries

@@ -40,6 +40,8 @@ def status(
         if failed is not None and state != "error":
             count, why = failed
             detail = f"clearing failed at {count} call(s), the offload going on without it; the latest: {why}"
+        elif state == "patched" and not detail:
+            detail = _caching_off_detail(target.name)
         rows.append(
             {
                 "name": target.name,
@@ -59,6 +61,18 @@ def status(
         "user_target_problems": problems,
         "hook_errors": hook_errors,
     }
+
+
+def _caching_off_detail(name: str) -> str:
+    # The handler is loaded by the first wrapped call: not loaded, no call yet (and status() loads
+    # nothing it does not need).
+    handler = sys.modules.get("te_offload_shim.engine.handler")
+    off = handler.caching_off_at_last_call(name) if handler is not None else {}
+    if not off:
+        return ""
+    from te_offload_shim.te.caching_off import describe
+
+    return f"nothing to clear at its last call: FP8 weight caching is off by configuration in {describe(off)}"
 
 
 def _state(

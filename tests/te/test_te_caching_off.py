@@ -114,8 +114,16 @@ def test_caching_off_by_configuration_is_said_not_reported_as_cleared(caplog: py
         .getMessage()
         .endswith(f"FP8 weight caching is off by configuration in 2 TE layers ({MEGATRON_OFF}, {FSDP2_OFF})")
     )
+    row = next(r for r in te_offload_shim.status()["targets"] if r["name"] == f"{__name__}:offload_models")
+    assert row["state"] == "patched"
+    assert row["detail"] == (
+        "nothing to clear at its last call: FP8 weight caching is off by configuration in "
+        f"2 TE layers ({MEGATRON_OFF}, {FSDP2_OFF})"
+    )
     this.offload_models(models)
     said = [r for r in caplog.records if "nothing to clear" in r.getMessage()]
     assert [r.levelno for r in said][1:] == [logging.DEBUG], "said once; after that at debug level"
     this.offload_models([torch.nn.Sequential(on)])
     assert te_offload_shim.stats()["caching_off"] == {}, "what the last call found"
+    row = next(r for r in te_offload_shim.status()["targets"] if r["name"] == f"{__name__}:offload_models")
+    assert row["detail"] == "", "its last call found caching on"
