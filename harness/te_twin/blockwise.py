@@ -59,6 +59,15 @@ def scale_shape(quantizer: Any, shape: list[int], columnwise: bool) -> list[int]
     raise RuntimeError(f"Unsupported block_scaling_dim {quantizer.block_scaling_dim}. Expected 1 or 2.")
 
 
+def _data_shape(shape: list[int]) -> storage.DirectionShape:
+    """Row-wise data in the tensor's shape; column-wise data transposed (GEMM-ready)."""
+    return lambda columnwise: storage.transpose_shape(shape) if columnwise else shape
+
+
+def _scale_shape(quantizer: Any, shape: list[int]) -> storage.DirectionShape:
+    return lambda columnwise: scale_shape(quantizer, shape, columnwise)
+
+
 def _gemm_ready_format() -> Any:
     import sys
 
@@ -74,41 +83,14 @@ def _check_format(quantizer: Any) -> None:
 def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype, device: Any = None) -> Any:
     """Float8BlockQuantizer::create_tensor."""
     _check_format(quantizer)
-    fields: dict[str, Any] = {
-        "rowwise_data": None,
-        "rowwise_scale_inv": None,
-        "columnwise_data": None,
-        "columnwise_scale_inv": None,
-    }
-    if quantizer.rowwise_usage:
-        fields["rowwise_data"] = storage.empty(shape, torch.uint8)
-        fields["rowwise_scale_inv"] = storage.empty(scale_shape(quantizer, shape, False), torch.float32)
-    if quantizer.columnwise_usage:
-        fields["columnwise_data"] = storage.empty(storage.transpose_shape(shape), torch.uint8)
-        fields["columnwise_scale_inv"] = storage.empty(scale_shape(quantizer, shape, True), torch.float32)
+    fields = storage.new_direction_buffers(quantizer, _data_shape(shape), _scale_shape(quantizer, shape), torch.float32)
     fields.update(
         fp8_dtype=storage.python_dtype(dtypes.value(quantizer.dtype)),
         quantizer=quantizer,
         is_2D_scaled=quantizer.block_scaling_dim == 2,
         data_format=_gemm_ready_format(),
     )
-    if quantizer.internal:
-        return storage.construct(storage.te_class("Float8BlockwiseQTensorStorage"), **fields, fake_dtype=fake_dtype)
-    return storage.construct(
-        storage.te_class("Float8BlockwiseQTensor"),
-        shape=list(shape),
-        dtype=fake_dtype,
-        stride=_stride(shape),
-        device=torch.device("cpu"),
-        **fields,
-    )
-
-
-def _stride(shape: list[int]) -> list[int]:
-    stride = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        stride[i] = stride[i + 1] * shape[i + 1]
-    return stride
+    return storage.new_quantized("Float8BlockwiseQTensor", quantizer, shape, fake_dtype, fields)
 
 
 def logical_shape(tensor: Any) -> list[int]:
@@ -124,20 +106,9 @@ def coerce(quantizer: Any, tensor: Any) -> None:
     if tensor._rowwise_data is None and tensor._columnwise_data is None:
         raise RuntimeError("FP8BlockwiseTensor has no data.")
     shape = logical_shape(tensor)
-    if quantizer.rowwise_usage:
-        if tensor._rowwise_data is None:
-            tensor._rowwise_data = storage.empty(shape, torch.uint8)
-        if tensor._rowwise_scale_inv is None:
-            tensor._rowwise_scale_inv = storage.empty(scale_shape(quantizer, shape, False), torch.float32)
-    else:
-        tensor._rowwise_data = tensor._rowwise_scale_inv = None
-    if quantizer.columnwise_usage:
-        if tensor._columnwise_data is None:
-            tensor._columnwise_data = storage.empty(storage.transpose_shape(shape), torch.uint8)
-        if tensor._columnwise_scale_inv is None:
-            tensor._columnwise_scale_inv = storage.empty(scale_shape(quantizer, shape, True), torch.float32)
-    else:
-        tensor._columnwise_data = tensor._columnwise_scale_inv = None
+    storage.update_direction_buffers(
+        tensor, quantizer, _data_shape(shape), _scale_shape(quantizer, shape), torch.float32
+    )
 
 
 def _value_for_inf(dtype: torch.dtype) -> float:
@@ -191,29 +162,29 @@ def quantize(x: torch.Tensor, quantizer: Any, out: Any, noop: torch.Tensor | Non
         out._columnwise_scale_inv[: col_inv.shape[0], : col_inv.shape[1]].copy_(col_inv)
 
 
+def _descale(values: torch.Tensor, scale_inv: torch.Tensor, is_2d: bool) -> torch.Tensor:
+    """One direction's decoded values [R, C] times their scale-inverses. Both directions lay their
+    scales out alike over their own [R, C] (the column-wise data is the row-wise layout of the
+    transpose): per 128x128 tile, or per 1x128 block along C, stored transposed."""
+    rows, cols = values.shape
+    inv = scale_inv.float()
+    if is_2d:
+        per = _expand(inv[: _ceil(rows, BLOCK), : _ceil(cols, BLOCK)], BLOCK, BLOCK, rows, cols)
+    else:
+        per = _expand(inv[: _ceil(cols, BLOCK), :rows].t(), 1, BLOCK, rows, cols)
+    return values * per
+
+
 def _decode_rowwise(tensor: Any) -> torch.Tensor:
     """The float32 values of the row-wise data, [M, K]."""
     data = storage.to_2d(dtypes.decode_fp8(tensor._rowwise_data, storage.fp8_dtype_of(tensor)))
-    m, k = data.shape
-    inv = tensor._rowwise_scale_inv.float()
-    if tensor._is_2D_scaled:
-        per = _expand(inv[: _ceil(m, BLOCK), : _ceil(k, BLOCK)], BLOCK, BLOCK, m, k)
-    else:
-        per = _expand(inv[: _ceil(k, BLOCK), :m].t(), 1, BLOCK, m, k)
-    return data * per
+    return _descale(data, tensor._rowwise_scale_inv, tensor._is_2D_scaled)
 
 
 def _decode_columnwise(tensor: Any) -> torch.Tensor:
     """The float32 values of the column-wise (transposed) data, [K, M]."""
     col = dtypes.decode_fp8(tensor._columnwise_data, storage.fp8_dtype_of(tensor))
-    col = col.reshape(col.shape[0], -1)
-    k, m = col.shape
-    inv = tensor._columnwise_scale_inv.float()
-    if tensor._is_2D_scaled:
-        per = _expand(inv[: _ceil(k, BLOCK), : _ceil(m, BLOCK)], BLOCK, BLOCK, k, m)
-    else:
-        per = _expand(inv[: _ceil(m, BLOCK), :k].t(), 1, BLOCK, k, m)
-    return col * per
+    return _descale(col.reshape(col.shape[0], -1), tensor._columnwise_scale_inv, tensor._is_2D_scaled)
 
 
 def gemm_operand(t: Any, transposed: bool, name: str) -> torch.Tensor:

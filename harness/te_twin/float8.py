@@ -41,19 +41,7 @@ def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype, device: An
         "data_transpose": transpose,
         "quantizer": quantizer,
     }
-    if quantizer.internal:
-        return storage.construct(storage.te_class("Float8TensorStorage"), **fields, fake_dtype=fake_dtype)
-    stride = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        stride[i] = stride[i + 1] * shape[i + 1]
-    return storage.construct(
-        storage.te_class("Float8Tensor"),
-        shape=list(shape),
-        dtype=fake_dtype,
-        stride=stride,
-        device=torch.device("cpu"),
-        **fields,
-    )
+    return storage.new_quantized("Float8Tensor", quantizer, shape, fake_dtype, fields)
 
 
 def coerce(quantizer: Any, tensor: Any) -> None:

@@ -59,6 +59,15 @@ def scale_shape(shape: list[int], columnwise: bool) -> list[int]:
     return [_roundup(m // BLOCK, 4), _roundup(k, 128)] if columnwise else [_roundup(m, 128), _roundup(k // BLOCK, 4)]
 
 
+def _data_shape(shape: list[int]) -> storage.DirectionShape:
+    """Both directions' data keep the tensor's own shape."""
+    return lambda columnwise: shape
+
+
+def _scale_shape(shape: list[int]) -> storage.DirectionShape:
+    return lambda columnwise: scale_shape(shape, columnwise)
+
+
 def _swizzled(quantizer: Any) -> bool:
     return bool(getattr(quantizer, "optimize_for_gemm", False))
 
@@ -72,36 +81,13 @@ def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype, device: An
     """MXFP8Quantizer::create_tensor."""
     _check(quantizer)
     _dims(shape)
-    fields: dict[str, Any] = {
-        "rowwise_data": None,
-        "rowwise_scale_inv": None,
-        "columnwise_data": None,
-        "columnwise_scale_inv": None,
-    }
-    if quantizer.rowwise_usage:
-        fields["rowwise_data"] = storage.empty(shape, torch.uint8)
-        fields["rowwise_scale_inv"] = storage.empty(scale_shape(shape, False), torch.uint8)
-    if quantizer.columnwise_usage:
-        fields["columnwise_data"] = storage.empty(shape, torch.uint8)
-        fields["columnwise_scale_inv"] = storage.empty(scale_shape(shape, True), torch.uint8)
+    fields = storage.new_direction_buffers(quantizer, _data_shape(shape), _scale_shape(shape), torch.uint8)
     fields.update(
         fp8_dtype=storage.python_dtype(dtypes.value(quantizer.dtype)),
         quantizer=quantizer,
         with_gemm_swizzled_scales=_swizzled(quantizer),
     )
-    if quantizer.internal:
-        return storage.construct(storage.te_class("MXFP8TensorStorage"), **fields, fake_dtype=fake_dtype)
-    stride = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        stride[i] = stride[i + 1] * shape[i + 1]
-    return storage.construct(
-        storage.te_class("MXFP8Tensor"),
-        shape=list(shape),
-        dtype=fake_dtype,
-        stride=stride,
-        device=torch.device("cpu"),
-        **fields,
-    )
+    return storage.new_quantized("MXFP8Tensor", quantizer, shape, fake_dtype, fields)
 
 
 def logical_shape(tensor: Any) -> list[int]:
@@ -115,20 +101,7 @@ def coerce(quantizer: Any, tensor: Any) -> None:
     if tensor._rowwise_data is None and tensor._columnwise_data is None:
         raise RuntimeError("MXFP8Tensor has no data.")
     shape = logical_shape(tensor)
-    if quantizer.rowwise_usage:
-        if tensor._rowwise_data is None:
-            tensor._rowwise_data = storage.empty(shape, torch.uint8)
-        if tensor._rowwise_scale_inv is None:
-            tensor._rowwise_scale_inv = storage.empty(scale_shape(shape, False), torch.uint8)
-    else:
-        tensor._rowwise_data = tensor._rowwise_scale_inv = None
-    if quantizer.columnwise_usage:
-        if tensor._columnwise_data is None:
-            tensor._columnwise_data = storage.empty(shape, torch.uint8)
-        if tensor._columnwise_scale_inv is None:
-            tensor._columnwise_scale_inv = storage.empty(scale_shape(shape, True), torch.uint8)
-    else:
-        tensor._columnwise_data = tensor._columnwise_scale_inv = None
+    storage.update_direction_buffers(tensor, quantizer, _data_shape(shape), _scale_shape(shape), torch.uint8)
     if hasattr(tensor, "_with_gemm_swizzled_scales"):
         tensor._with_gemm_swizzled_scales = _swizzled(quantizer)
 

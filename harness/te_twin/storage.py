@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -179,3 +180,66 @@ def output(values: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tens
 
 def fp8_dtype_of(obj: Any) -> int:
     return dtypes.value(obj._fp8_dtype)
+
+
+def contiguous_stride(shape: list[int]) -> list[int]:
+    """The row-major strides of `shape`, as create_tensor passes them (2.16+ `stride`)."""
+    stride = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        stride[i] = stride[i + 1] * shape[i + 1]
+    return stride
+
+
+def new_quantized(class_name: str, quantizer: Any, shape: list[int], fake_dtype: torch.dtype, fields: dict) -> Any:
+    """The object create_tensor returns: the storage class (`<class_name>Storage`) for an internal
+    quantizer, else the tensor class itself with the tensor's shape, dtype and strides."""
+    if quantizer.internal:
+        return construct(te_class(class_name + "Storage"), **fields, fake_dtype=fake_dtype)
+    return construct(
+        te_class(class_name),
+        shape=list(shape),
+        dtype=fake_dtype,
+        stride=contiguous_stride(shape),
+        device=torch.device("cpu"),
+        **fields,
+    )
+
+
+# A direction's shape, by `columnwise` (row-wise False), for the two helpers below.
+DirectionShape = Callable[[bool], list[int]]
+
+
+def new_direction_buffers(
+    quantizer: Any, data_shape: DirectionShape, scale_shape: DirectionShape, scale_dtype: torch.dtype
+) -> dict[str, Any]:
+    """create_tensor's buffers of a block-scaled tensor (MXFP8, FP8 block): uint8 data and its
+    scale-inverses for each direction the quantizer uses, None for the others."""
+    fields: dict[str, Any] = {
+        "rowwise_data": None,
+        "rowwise_scale_inv": None,
+        "columnwise_data": None,
+        "columnwise_scale_inv": None,
+    }
+    for direction, columnwise in (("rowwise", False), ("columnwise", True)):
+        if getattr(quantizer, f"{direction}_usage"):
+            fields[f"{direction}_data"] = empty(data_shape(columnwise), torch.uint8)
+            fields[f"{direction}_scale_inv"] = empty(scale_shape(columnwise), scale_dtype)
+    return fields
+
+
+def update_direction_buffers(
+    tensor: Any, quantizer: Any, data_shape: DirectionShape, scale_shape: DirectionShape, scale_dtype: torch.dtype
+) -> None:
+    """convert_and_update_tensor's buffers of a block-scaled tensor: for each direction the
+    quantizer uses, the missing data or scale-inverses allocated (shapes asked for only then); for
+    each other direction, both dropped."""
+    for direction, columnwise in (("rowwise", False), ("columnwise", True)):
+        data, scale_inv = f"_{direction}_data", f"_{direction}_scale_inv"
+        if getattr(quantizer, f"{direction}_usage"):
+            if getattr(tensor, data) is None:
+                setattr(tensor, data, empty(data_shape(columnwise), torch.uint8))
+            if getattr(tensor, scale_inv) is None:
+                setattr(tensor, scale_inv, empty(scale_shape(columnwise), scale_dtype))
+        else:
+            setattr(tensor, data, None)
+            setattr(tensor, scale_inv, None)
