@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +39,17 @@ def write_module(directory: Path, name: str, source: str) -> None:
     import importlib
 
     importlib.invalidate_caches()
+
+
+def child_exit_status(pid: int, seconds: float) -> int | None:
+    """The exit status of forked child `pid`, or None when it had not ended within `seconds` (it is
+    killed then, so a hung child fails its test instead of hanging the suite)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return None

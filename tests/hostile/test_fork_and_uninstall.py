@@ -9,12 +9,11 @@ import importlib
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_util import ALL_KINDS, cached_layer, use_targets, write_module
+from hostile_util import ALL_KINDS, cached_layer, child_exit_status, use_targets, write_module
 
 
 def _package_locks() -> list[tuple[str, Any]]:
@@ -26,18 +25,6 @@ def _package_locks() -> list[tuple[str, Any]]:
             if lock is not None and hasattr(lock, "__enter__"):
                 found.append((name, lock))
     return found
-
-
-def _child_exit_status(pid: int, seconds: float) -> int | None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return None
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
@@ -83,7 +70,7 @@ def test_a_child_forked_while_every_lock_is_held_can_patch_clear_and_report(tmp_
         except BaseException:
             os._exit(4)
     try:
-        status = _child_exit_status(pid, 20)
+        status = child_exit_status(pid, 20)
     finally:
         release.set()
         holder.join()

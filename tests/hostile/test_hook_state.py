@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_util import cached_layer, write_module
+from hostile_util import cached_layer, child_exit_status, write_module
 
 
 def _row(name: str) -> dict[str, Any]:
@@ -28,20 +28,6 @@ def _row(name: str) -> dict[str, Any]:
     rows = [dict(r) for r in shim.status()["targets"] if r["name"] == name or r["target"] == name]
     assert len(rows) == 1, (name, shim.status()["targets"])
     return rows[0]
-
-
-def _wait_child(pid: int, seconds: float) -> int | None:
-    import time
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.02)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    return None
 
 
 HELD_TARGET = """\
@@ -116,7 +102,7 @@ def test_a_child_forked_while_another_thread_runs_a_callback_patches_its_imports
         except BaseException:
             os._exit(6)
     try:
-        status = _wait_child(pid, 30)
+        status = child_exit_status(pid, 30)
     finally:
         fork_events.RELEASE.set()
         holder.join(20)
