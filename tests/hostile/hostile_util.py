@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 TARGETS = Path(__file__).resolve().parent / "targets"
@@ -53,3 +55,16 @@ def child_exit_status(pid: int, seconds: float) -> int | None:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     return None
+
+
+def load_lazily(name: str) -> ModuleType:
+    """Import `name` through `importlib.util.LazyLoader`, as scientific-python's lazy_loader and
+    networkx do: the module is in sys.modules, and its body runs at the first attribute read."""
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hostile_util import cached_layer, write_module
+from hostile_util import cached_layer, load_lazily, write_module
 
 _OFFLOAD = """\
 import megatron
@@ -62,21 +62,13 @@ def test_discover_skips_a_distribution_whose_record_it_cannot_read(
 @pytest.mark.subprocess()
 def test_the_residue_walk_reads_only_types(tmp_path: Path) -> None:
     import builtins
-    import importlib.util
-    import sys
 
     import torch
 
     import te_offload_shim as shim
 
     write_module(tmp_path, "referred_lazily", "import builtins\nbuiltins.REFERRED_LAZILY_RAN = True\n")
-    spec = importlib.util.find_spec("referred_lazily")
-    assert spec is not None and spec.loader is not None
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    lazy = importlib.util.module_from_spec(spec)
-    sys.modules["referred_lazily"] = lazy
-    loader.exec_module(lazy)
+    lazy = load_lazily("referred_lazily")
 
     class Unconfigured:
         @property  # type: ignore[misc]  # deliberately: a __class__ that raises, as Django's LazyObject's
@@ -137,8 +129,6 @@ def test_an_outer_wrapper_covers_only_the_chunks_it_cleared(tmp_path: Path) -> N
 def test_status_leaves_a_lazily_loaded_target_module_unloaded(tmp_path: Path) -> None:
     """status() counted our wrappers with vars(module), which runs a LazyLoader module's body."""
     import builtins
-    import importlib.util
-    import sys
 
     import te_offload_shim as shim
 
@@ -150,13 +140,7 @@ def test_status_leaves_a_lazily_loaded_target_module_unloaded(tmp_path: Path) ->
     )
     import eager_target  # type: ignore[import-not-found]  # noqa: F401  (the patcher is loaded: rows count layers)
 
-    spec = importlib.util.find_spec("lazy_target")
-    assert spec is not None and spec.loader is not None
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    lazy = importlib.util.module_from_spec(spec)
-    sys.modules["lazy_target"] = lazy
-    loader.exec_module(lazy)
+    lazy = load_lazily("lazy_target")
 
     rows = {r["name"]: r for r in shim.status()["targets"]}
     assert not hasattr(builtins, "LAZY_TARGET_RAN"), "status() executed a module the application did not"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_util import write_module
+from hostile_util import load_lazily, write_module
 
 
 def _counting_scans() -> tuple[list[int], Any]:
@@ -33,8 +33,6 @@ def _counting_scans() -> tuple[list[int], Any]:
 @pytest.mark.subprocess()
 def test_the_owner_search_leaves_a_lazily_loaded_module_unloaded(tmp_path: Path) -> None:
     import builtins
-    import importlib.util
-    import sys
 
     import te_offload_shim  # noqa: F401  (installs the shim: megatron-core's buffer offload is a target)
     from harness import megatron_world as w
@@ -42,13 +40,7 @@ def test_the_owner_search_leaves_a_lazily_loaded_module_unloaded(tmp_path: Path)
     ddp = w.wrap_ddp(w.build_gpt(layers=1, hidden=16, vocab=32))
     entries = w.attach_fp8_caches(ddp)
     write_module(tmp_path, "lazily_loaded", "import builtins\nbuiltins.LAZILY_LOADED_RAN = True\n")
-    spec = importlib.util.find_spec("lazily_loaded")
-    assert spec is not None and spec.loader is not None
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["lazily_loaded"] = module
-    loader.exec_module(module)  # as lazy_loader / networkx do: the body runs at the first attribute read
+    load_lazily("lazily_loaded")  # as lazy_loader / networkx do: the body runs at the first attribute read
     assert not hasattr(builtins, "LAZILY_LOADED_RAN")
 
     ddp.buffers[0].offload_to_cpu()
