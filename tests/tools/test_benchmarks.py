@@ -248,3 +248,22 @@ def test_startup_rows_and_nothing_foreign_at_start_up() -> None:
     added = result["modules_added"]
     assert "te_offload_shim" in added
     assert [m for m in added if m.split(".")[0] != "te_offload_shim"] == []
+
+
+def test_run_writes_its_default_json_in_a_fresh_clone(tmp_path: Path) -> None:
+    """benchmarks/results/ is git-ignored, so a fresh clone has none: the default --json makes it."""
+    import shutil
+
+    copy = tmp_path / "benchmarks"
+    shutil.copytree(BENCH, copy, ignore=shutil.ignore_patterns("results", "__pycache__"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
+    proc = subprocess.run(
+        [sys.executable, str(copy / "run.py"), "--quick", "--only", "gpu"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((copy / "results" / "latest.json").read_text())["results"].keys() == {"gpu"}
