@@ -135,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         # a str default, so that argparse runs output_file on it too (it makes benchmarks/results/,
         # git-ignored, absent in a fresh clone); argparse converts only str defaults
-        "--json", type=output_file, default=str(RESULTS), help=f"where to write the JSON (default {RESULTS})"
+        "--json",
+        type=output_file,
+        default=str(RESULTS),
+        help=f"where to write the JSON (default {RESULTS})",
     )
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args(argv)
