@@ -132,9 +132,7 @@ def _expand(per_block: torch.Tensor, rows: int, cols: int, m: int, k: int) -> to
 
 def quantize(x: torch.Tensor, quantizer: Any, out: Any, noop: torch.Tensor | None) -> None:
     """nvte_quantize for block scaling into `out` (both directions the output holds)."""
-    if noop is not None and float(noop.reshape(-1)[0]) == 1.0:
-        return
-    if x.numel() == 0:
+    if storage.nothing_to_quantize(x, noop):
         return
     fp8 = dtypes.value(quantizer.dtype)
     matrix = storage.to_2d(x)

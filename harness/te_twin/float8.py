@@ -77,9 +77,7 @@ def coerce(quantizer: Any, tensor: Any) -> None:
 
 def quantize(x: torch.Tensor, quantizer: Any, out: Any, noop: torch.Tensor | None) -> None:
     """Quantizer::quantize for per-tensor scaling into `out` (already coerced or freshly built)."""
-    if noop is not None and float(noop.reshape(-1)[0]) == 1.0:
-        return  # every kernel of the cast checks the flag first
-    if x.numel() == 0:
+    if storage.nothing_to_quantize(x, noop):
         return
     if out._data is None and out._transpose is not None:
         raise NotImplementedError(

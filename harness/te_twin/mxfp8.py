@@ -179,9 +179,7 @@ def _read_scales(tensor: Any, columnwise: bool, for_gemm: bool = False) -> torch
 
 def quantize(x: torch.Tensor, quantizer: Any, out: Any, noop: torch.Tensor | None) -> None:
     """nvte_quantize for MXFP8 into `out` (both directions the output holds)."""
-    if noop is not None and float(noop.reshape(-1)[0]) == 1.0:
-        return
-    if x.numel() == 0:
+    if storage.nothing_to_quantize(x, noop):
         return
     fp8 = dtypes.value(quantizer.dtype)
     matrix = storage.to_2d(x)

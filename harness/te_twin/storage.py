@@ -150,6 +150,12 @@ def transpose_shape(shape: list[int]) -> list[int]:
     return [shape[-1], *shape[:-1]] if shape else []
 
 
+def nothing_to_quantize(x: torch.Tensor, noop: torch.Tensor | None) -> bool:
+    """Whether a quantize kernel returns without writing: every kernel of TE's cast checks the
+    no-op flag first (1.0: skip), and an empty input has nothing to cast."""
+    return (noop is not None and float(noop.reshape(-1)[0]) == 1.0) or x.numel() == 0
+
+
 def to_2d(t: torch.Tensor) -> torch.Tensor:
     """A tensor as the 2-D matrix TE's kernels see: all dimensions but the last flattened."""
     if t.dim() == 2:
