@@ -149,19 +149,19 @@ def test_gpu_memory_verdict_flags_caches_that_stay() -> None:
     assert not gpu_memory.verdict(not_freed)[0]
 
 
+def _run_quick_gpu(run_py: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """run.py --quick --only gpu: "gpu" alone is the cheapest subset (without CUDA it is one "not
+    available" row)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
+    command = [sys.executable, str(run_py), "--quick", "--only", "gpu", *args]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def test_run_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     out = tmp_path / "latest.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
-    # "gpu" alone is the cheapest subset (without CUDA it is one "not available" row)
-    proc = subprocess.run(
-        [sys.executable, str(BENCH / "run.py"), "--quick", "--only", "gpu", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _run_quick_gpu(BENCH / "run.py", "--json", str(out))
     result = json.loads(out.read_text())
     assert set(result["results"]) == {"gpu"} and result["machine"]["cpus"]
     assert result["rows"] and all(r["benchmark"] == "gpu memory" for r in result["rows"])
@@ -256,14 +256,5 @@ def test_run_writes_its_default_json_in_a_fresh_clone(tmp_path: Path) -> None:
 
     copy = tmp_path / "benchmarks"
     shutil.copytree(BENCH, copy, ignore=shutil.ignore_patterns("results", "__pycache__"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
-    proc = subprocess.run(
-        [sys.executable, str(copy / "run.py"), "--quick", "--only", "gpu"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _run_quick_gpu(copy / "run.py")
     assert json.loads((copy / "results" / "latest.json").read_text())["results"].keys() == {"gpu"}
