@@ -20,7 +20,21 @@ DISABLE = "TE_OFFLOAD_SHIM_DISABLE"
 TARGETS = "TE_OFFLOAD_SHIM_TARGETS"
 FORCE_CUDA_GRAPHS = "TE_OFFLOAD_SHIM_FORCE_CUDA_GRAPHS"
 AUDIT = "TE_OFFLOAD_SHIM_AUDIT"
-ALL_SWITCHES = (ENABLE, STRICT, DISABLE, TARGETS, FORCE_CUDA_GRAPHS, AUDIT)
+NET = "TE_OFFLOAD_SHIM_NET"  # the flush net
+TE_GLOBALS = "TE_OFFLOAD_SHIM_TE_GLOBALS"
+# Every switch the package reads, and the one list of them: what `status` shows, and what each
+# TE_OFFLOAD_SHIM* name set in the environment is checked against (a name not here does nothing, and
+# is warned about: `TE_OFFLOAD_SHIM_DISABLED=verl` would otherwise leave verl patched in silence).
+ALL_SWITCHES = (
+    ENABLE,
+    STRICT,
+    DISABLE,
+    TARGETS,
+    FORCE_CUDA_GRAPHS,
+    AUDIT,
+    NET,
+    TE_GLOBALS,
+)
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -82,10 +96,44 @@ def is_disabled(name: str) -> bool:
     return any(covers(value, name) for value in disabled_targets())
 
 
+def unknown_switches() -> list[tuple[str, str | None]]:
+    """(name, the closest switch or None) for each TE_OFFLOAD_SHIM* name set that is no switch."""
+    unknown = sorted(name for name in _names_set() if name not in ALL_SWITCHES)
+    if not unknown:
+        return []
+    import difflib  # only for a name that is no switch: a process that sets the right ones never loads it
+
+    # Compared without the prefix that every name shares, which would make any two names look alike.
+    by_suffix = {name[len(ENABLE) :].lstrip("_"): name for name in ALL_SWITCHES if name != ENABLE}
+    found: list[tuple[str, str | None]] = []
+    for name in unknown:
+        close = difflib.get_close_matches(name[len(ENABLE) :].lstrip("_").upper(), by_suffix, n=1, cutoff=0.7)
+        found.append((name, by_suffix[close[0]] if close else None))
+    return found
+
+
+def _names_set() -> list[str]:
+    # The TE_OFFLOAD_SHIM* names in the environment. Iterating os.environ decodes every name (about
+    # 1 us each, and a cluster job sets hundreds); CPython keeps the encoded names in `_data`, which
+    # is scanned as it is, and only the names of ours are decoded.
+    data = getattr(os.environ, "_data", None)
+    encode, decode = getattr(os.environ, "encodekey", None), getattr(os.environ, "decodekey", None)
+    if type(data) is dict and encode is not None and decode is not None:
+        prefix = encode(ENABLE)
+        return [decode(name) for name in data if name.startswith(prefix)]
+    return [name for name in os.environ if name.startswith(ENABLE)]
+
+
+def unknown_switch_text(name: str, closest: str | None) -> str:
+    hint = f"did you mean {closest}?" if closest else f"the switches: {', '.join(ALL_SWITCHES)}"
+    return f"{name} is no switch of te_offload_shim and does nothing ({hint})"
+
+
 def switch_problems(names: tuple[str, ...]) -> list[str]:
-    """What is wrong with the switches as set: values we do not understand, and names in
-    TE_OFFLOAD_SHIM_DISABLE that match no target (a misspelt name would disable nothing)."""
-    problems = []
+    """What is wrong with the switches as set: names that are no switch (a misspelt one does
+    nothing), values we do not understand, and names in TE_OFFLOAD_SHIM_DISABLE that match no
+    target (a misspelt name would disable nothing)."""
+    problems = [unknown_switch_text(name, closest) for name, closest in unknown_switches()]
     for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off")):
         value = os.environ.get(switch, "").strip().lower()
         if value and value not in _TRUE and value not in _FALSE:
