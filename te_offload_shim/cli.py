@@ -1,7 +1,8 @@
 """`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, discover, startup-file.
 
-Importing this module imports the package, which installs the shim in the CLI's own process; that
-is what lets `status --import` report what a real process would get.
+Parses the command line and dispatches; what `status` gathers, judges and prints is the health model
+(health.py). Importing this module imports the package, which installs the shim in the CLI's own
+process; that is what lets `status --import` report what a real process would get.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from te_offload_shim import _switches
+from te_offload_shim import health
 from te_offload_shim.activation import pth
 
 
@@ -67,292 +68,12 @@ def _run(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - execvpe does not return
 
 
-def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
-    """Import each present target module, so that the shim patches it in this process.
-
-    Returns the import errors, and what the imports printed or warned (megatron and its friends say
-    a lot): held back and shown after the report, not ahead of it."""
-    import importlib
-    import io
-    import warnings
-
-    errors: dict[str, str] = {}
-    said = io.StringIO()
-    below_python: list[str] = []  # what reached file descriptor 1 itself
-    with _descriptor_1_held(below_python), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")  # each warning once per place, as Python shows them
-        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-            for row in rows:
-                module = row["target"].partition(":")[0]
-                if not row["present"] or module in errors:
-                    continue
-                try:
-                    importlib.import_module(module)
-                except Exception as exc:
-                    errors[module] = f"{type(exc).__name__}: {exc}"
-    lines = [line for text in (said.getvalue(), *below_python) for line in text.splitlines() if line.strip()]
-    lines += [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
-    return errors, list(dict.fromkeys(lines))
-
-
-@contextlib.contextmanager
-def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
-    """Point file descriptor 1 at a scratch file while the targets import, and put what reached it
-    into `sink`: a C extension's printf, a subprocess the import runs, a write to fd 1, none of which
-    Python's `sys.stdout` sees. `status --json` must print one JSON document and nothing else."""
-    _flush_stdout()  # what was written before belongs where it was going
-    try:
-        held = _scratch_file()
-    except OSError:  # nowhere to hold it: leave it as it is
-        yield
-        return
-    with held:
-        try:
-            saved = os.dup(1)
-        except OSError:  # no descriptor 1 (closed by the caller): nothing can reach the report either
-            yield
-            return
-        os.dup2(held.fileno(), 1)
-        try:
-            yield
-        finally:
-            _flush_stdout()  # C's stdio buffer and sys.__stdout__'s still hold the imports' output
-            os.dup2(saved, 1)
-            os.close(saved)
-            held.seek(0)
-            sink.append(held.read().decode("utf-8", "replace"))
-
-
-def _scratch_file() -> Any:
-    """A file that needs no writable folder (a container's read-only root file system may have no
-    usable /tmp): an anonymous memory file where Linux has them, else a temporary file."""
-    if hasattr(os, "memfd_create"):
-        try:
-            return open(os.memfd_create("te-offload-shim-status"), "w+b")
-        except OSError:  # an old kernel, or memfd refused by a seccomp profile
-            pass
-    import tempfile
-
-    return tempfile.TemporaryFile()  # OSError where there is no usable temporary folder either
-
-
-def _flush_stdout() -> None:
-    for stream in (sys.stdout, sys.__stdout__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:  # a closed or odd stream: its text stays where it is
-            pass
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).fflush(None)  # every C stdio output stream (printf from an extension)
-    except Exception:  # no C library to ask (not Linux or macOS): nothing buffered there to lose
-        pass
-
-
-def collect(do_import: bool = False) -> dict[str, Any]:
-    """Everything `status` reports, and whether it is healthy (with the reasons when not)."""
-    import te_offload_shim
-    from te_offload_shim.api import all_targets
-    from te_offload_shim.integrations import versions
-
-    enabled = _switches.enabled()
-    targets = all_targets()
-    rows = [versions.target_row(t, enabled) for t in targets]
-    import_errors, import_output = _import_targets(rows) if do_import else ({}, [])
-    if do_import:
-        live = {r["name"]: r for r in te_offload_shim.status()["targets"]}
-        for row in rows:
-            module = row["target"].partition(":")[0]
-            row["imported"] = live[row["name"]]["imported"]
-            row["state"] = live[row["name"]]["state"]
-            row["detail"] = live[row["name"]]["detail"]
-            row["layers"] = live[row["name"]]["layers"]
-            row["import_error"] = import_errors.get(module)
-    shim = te_offload_shim.status()
-    found = versions.versions()
-    report: dict[str, Any] = {
-        "shim": {
-            "version": te_offload_shim.__version__,
-            "path": os.path.dirname(os.path.abspath(te_offload_shim.__file__)),
-            "enabled": enabled,
-            "installed_here": shim["installed"],
-            "strict": _switches.strict(),
-        },
-        "python": {"version": found["python"], "executable": sys.executable},
-        "versions": found,
-        "targets": rows,
-        "routes": pth.routes(),
-        "switches": {name: os.environ[name] for name in _switches.ALL_SWITCHES if name in os.environ},
-        "disabled_by": _disabled_by([t.name for t in targets]),
-        "user_target_problems": shim["user_target_problems"],
-        "declaration_problems": [p for t in targets for p in versions.declaration_problems(t)],
-        "hook_errors": shim["hook_errors"],
-        "imported": do_import,
-        "import_output": import_output,  # what importing the targets printed or warned (--import)
-        # TE_OFFLOAD_SHIM_AUDIT: the latest residue report of this process (None until an offload ran here)
-        "audit": {"enabled": _switches.audit(), "latest": te_offload_shim.stats()["audit"]},
-    }
-    report["routes"]["in_force"] = _route_in_force(report["routes"], shim["installed"])
-    problems, warnings = _assess(report)
-    report["healthy"] = not problems
-    report["problems"] = problems
-    report["warnings"] = warnings
-    return report
-
-
-def _disabled_by(names: list[str]) -> dict[str, list[str]]:
-    """Each TE_OFFLOAD_SHIM_DISABLE value and the targets it switches off (a name also switches off
-    its `name-*` variants, `_switches.covers`): shown by `status` rather than left to be guessed."""
-    return {value: [n for n in names if _switches.covers(value, n)] for value in sorted(_switches.disabled_targets())}
-
-
-def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
-    from te_offload_shim.integrations import versions
-
-    problems: list[str] = []
-    warnings: list[str] = []
-    if not report["shim"]["enabled"]:
-        # An operator's choice, not a fault: `status` exits 0 so the same image check passes.
-        warnings.append(f"switched off by {_switches.ENABLE}={os.environ.get(_switches.ENABLE)}: nothing is patched")
-    if "*" in _switches.disabled_targets():
-        warnings.append(f"every target is switched off by {_switches.DISABLE}=*: nothing is patched")
-    if not versions.wrapt_ok(report["versions"]["wrapt"]):
-        problems.append(f"wrapt {versions.WRAPT_NEEDED} is needed to patch, found {report['versions']['wrapt']}")
-    problems.extend(report["declaration_problems"])
-    problems.extend(f"{_switches.TARGETS}: {p}" for p in report["user_target_problems"])
-    problems.extend(f"patching failed: {e}" for e in report["hook_errors"])
-    for row in report["targets"]:
-        state = row.get("state") or ""
-        if state == "error":
-            problems.append(f"{row['name']}: error: {row.get('detail', '')}")
-        elif state == "absent" and row.get("user") and row.get("imported"):
-            module, _, attribute = row["target"].partition(":")
-            problems.append(f"{row['name']}: {module} has no attribute {attribute} (misspelt in {_switches.TARGETS}?)")
-        if row.get("layers", 0) > 1:
-            problems.append(f"{row['name']}: {row['layers']} shim wrappers stacked on {row['target']}")
-        if row.get("import_error"):
-            warnings.append(f"{row['name']}: import failed: {row['import_error']}")
-        if report["imported"] and row["would_be_patched"] and row.get("imported") and state != "patched":
-            warnings.append(f"{row['name']}: expected to be patched, state is {state!r}")
-        if row["in_supported"] is False and row["would_be_patched"]:
-            warnings.append(f"{row['name']}: {row['in_supported_basis']}: a release this entry was not checked on")
-    pth_problems, pth_warnings = pth.assess(report["routes"]["pth"])
-    return problems + pth_problems, warnings + pth_warnings
-
-
-_IMPORT_LINES = 20
-
-
-def _yes(value: object) -> str:
-    return {True: "yes", False: "no", None: "unknown"}.get(value, str(value))  # type: ignore[call-overload]
-
-
-def _supported(row: dict[str, Any]) -> str:
-    """`yes (>=0.4.0)`: whether the installed release is one the entry declares, and the declaration."""
-    if not row["present"] or not row["distribution"]:  # a TE_OFFLOAD_SHIM_TARGETS entry declares no releases
-        return "-"
-    declared = row["supported"] or "no release"
-    return f"{_yes(row['in_supported'])} ({declared})"
-
-
-def _fixed(row: dict[str, Any]) -> str:
-    answer = _yes(row["fixed_upstream"])
-    return f"{answer} (from {row['fixed_in']})" if row["fixed_in"] and row["present"] else answer
-
-
-def _print_report(report: dict[str, Any], show_all: bool = False) -> None:
-    shim = report["shim"]
-    print(f"te-offload-shim {shim['version']} ({shim['path']})")
-    print(f"  enabled: {_yes(shim['enabled'])}   strict: {_yes(shim['strict'])}")
-    print(f"  python {report['python']['version']} ({report['python']['executable']})")
-    print("versions:")
-    for name, value in report["versions"].items():
-        if name != "python":
-            print(f"  {name:<20} {value or '-'}")
-    print("targets:")
-    header = ["target", "present", "version", "supported", "fixed upstream", "would be patched", "disabled"]
-    if report["imported"]:
-        header += ["state", "layers"]
-    table = [header]
-    # What is here (and what would be patched) first; the many targets of frameworks this
-    # environment does not have, one line (every row: --all, or --json).
-    shown, absent = _present_first(report["targets"], show_all)
-    for row in shown:
-        cells = [row["name"], _yes(row["present"]), row["version"] or "-", _supported(row)]
-        cells += [_fixed(row), _yes(row["would_be_patched"]), _yes(row["disabled"])]
-        if report["imported"]:
-            cells += [str(row["state"]), str(row["layers"])]
-        table.append(cells)
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    for cells in table:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
-    if absent:  # a row of its own, aligned with the table's first two columns
-        names = ", ".join(row["name"] for row in absent)
-        cells = ["others".ljust(widths[0]), "no".ljust(widths[1]), f"{len(absent)} targets: {names} (every row: --all)"]
-        print("  " + "  ".join(cells))
-    routes = report["routes"]
-    print("activation routes:")
-    label = {True: "", False: " (outdated)", None: " (not readable by this user)"}
-    files = ", ".join(p["path"] + label[p["current"]] for p in routes["pth"])
-    print(f"  .pth:                      {files or 'no'}")
-    print(f"  sitecustomize bootstrap:   {_yes(routes['sitecustomize_bootstrap'])}")
-    print(f"  VERL_USE_EXTERNAL_MODULES: {_yes(routes['verl_external_modules'])}")
-    print(f"  PYTHONSTARTUP:             {_yes(routes['pythonstartup'])}")
-    print(f"  Ray worker setup hook:     {_yes(routes['ray_worker_setup_hook'])} (in this process)")
-    print(f"  ray.init setup hook:       {routes['ray_init_propagation']}")
-    switches = ", ".join(f"{k}={v}" for k, v in report["switches"].items())
-    print(f"  switches:                  {switches or 'none set'}")
-    for value, names in report["disabled_by"].items():
-        variants = " (its name-* variants included)" if len(names) > 1 and value != "*" else ""
-        print(f"  {_switches.DISABLE}={value} switches off: {', '.join(names) or 'no target'}{variants}")
-    print(f"  in force here:             {routes['in_force']}")
-    for warning in report["warnings"]:
-        print(f"warning: {warning}")
-    if report["import_output"]:
-        shown = report["import_output"][:_IMPORT_LINES]
-        print(f"what importing the targets printed or warned ({len(report['import_output'])} lines):")
-        for line in shown:
-            print(f"  | {line[:200]}")
-        if len(report["import_output"]) > len(shown):
-            print("  | ... (all of it: --json, key import_output)")
-    print("healthy" if report["healthy"] else "UNHEALTHY: " + "; ".join(report["problems"]))
-
-
-def _present_first(rows: list[dict[str, Any]], show_all: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(rows of the table, rows left to one summary line): the targets present here, and those the
-    switches name (TE_OFFLOAD_SHIM_TARGETS, TE_OFFLOAD_SHIM_DISABLE), first, in the table's order;
-    the others after them with `show_all`, else in the summary."""
-    here = [r for r in rows if r["present"] or r.get("user") or r["disabled"]]
-    elsewhere = [r for r in rows if r not in here]
-    return (here + elsewhere, []) if show_all else (here, elsewhere)
-
-
-def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
-    """The route that activates the shim in processes started like this one."""
-    found = [
-        name
-        for name, on in (
-            (".pth", pth.in_force(routes["pth"])),
-            ("sitecustomize bootstrap", routes["sitecustomize_bootstrap"]),
-            ("VERL_USE_EXTERNAL_MODULES", routes["verl_external_modules"]),
-            ("Ray worker setup hook", routes["ray_worker_setup_hook"]),
-            ("PYTHONSTARTUP (interactive only)", routes["pythonstartup"]),
-        )
-        if on
-    ]
-    if found:
-        return ", ".join(found)
-    return "none: active only where code imports te_offload_shim" + (" (as this process did)" if installed_here else "")
-
-
 def _status(args: argparse.Namespace) -> int:
-    report = collect(do_import=args.do_import)
+    report = health.collect(do_import=args.do_import)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=False))
     else:
-        _print_report(report, show_all=args.all)
+        health.print_report(report, show_all=args.all)
     if not report["healthy"]:
         print(f"te-offload-shim: unhealthy: {report['problems'][0]}", file=sys.stderr)
         return 1
@@ -430,7 +151,32 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    return int(args.func(args))
+    with _any_path_printable():
+        return int(args.func(args))
+
+
+@contextlib.contextmanager
+def _any_path_printable() -> Iterator[None]:
+    """Print what cannot be encoded escaped (`\\udcff`), for as long as the command runs.
+
+    A POSIX path is bytes: one that is not UTF-8 (a folder made on another system, a name a script
+    built) reaches Python as lone surrogates, which a strict UTF-8 stdout (a UTF-8 locale,
+    `PYTHONIOENCODING=utf-8`) refuses: `enable` would succeed, then exit 1 with a traceback while
+    saying so. Python's own stderr escapes them in this way already."""
+    changed: list[Any] = []
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except Exception:  # a text stream that cannot change: as it was
+                continue
+            changed.append(stream)
+    try:
+        yield
+    finally:
+        for stream in changed:  # the caller's streams as they were (main() may run in its process)
+            with contextlib.suppress(Exception):
+                stream.reconfigure(errors="strict")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,13 +22,13 @@ shim_at_start = "te_offload_shim" in sys.modules  # before anything here importe
 from megatron.core.distributed import param_and_grad_buffer as pgb
 import torch
 import te_offload_shim
-from te_offload_shim import cli
+from te_offload_shim import health
 from te_offload_shim.engine.patch import shim_layers
 layers = shim_layers(vars(pgb._ParamAndGradBuffer)["offload_to_cpu"])
 total = torch.tensor([layers])
 dist.all_reduce(total)  # the ranks agree over gloo
 out = {"rank": dist.get_rank(), "world": dist.get_world_size(), "shim_at_start": shim_at_start,
-       "layers": layers, "total_layers": int(total.item()), "status": cli.collect()}
+       "layers": layers, "total_layers": int(total.item()), "status": health.collect()}
 with open(os.path.join(sys.argv[1], f"rank{dist.get_rank()}.json"), "w") as f:
     json.dump(out, f)
 dist.barrier()  # both ranks done before gloo is torn down (a loaded machine once aborted rank 0 here)

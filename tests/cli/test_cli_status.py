@@ -37,9 +37,9 @@ def _dist_info_version(verl: str) -> str:
 
 @pytest.mark.subprocess(verl="0.8.0", fresh=True)
 def test_status_reads_versions_without_importing_anything() -> None:
-    from te_offload_shim import cli
+    from te_offload_shim import health
 
-    s = cli.collect()
+    s = health.collect()
     heavy = ("torch", "verl", "megatron", "wrapt", "ray")
     assert sorted(m for m in heavy if m in sys.modules) == [], (
         "status without --import must not import what it describes"

@@ -238,7 +238,7 @@ def test_real_verl_offload_residue_before_after_and_one_audit_line(
 
     import te_offload_shim as shim
     from harness import megatron_world as w
-    from te_offload_shim import cli
+    from te_offload_shim import health
 
     caplog.set_level(logging.DEBUG, logger="te_offload_shim")
     plain, shimmed = w.wrap_ddp(w.build_gpt()), w.wrap_ddp(w.build_gpt())
@@ -280,7 +280,7 @@ def test_real_verl_offload_residue_before_after_and_one_audit_line(
     assert latest["top"][0]["path"] == "chunk0.module.decoder"
     assert "other 1.00 KiB (dispatcher_state 1.00 KiB)" in lines[2].getMessage()
 
-    status = cli.collect()  # what `te-offload-shim status --json` prints
+    status = health.collect()  # what `te-offload-shim status --json` prints
     assert status["audit"]["enabled"] and status["audit"]["latest"]["audits"] == 3
     assert json.loads(json.dumps(status))["audit"]["latest"]["by_category"] == latest["by_category"]
 

@@ -43,12 +43,12 @@ class Probe:
         out: dict[str, Any] = {"before": before, **_shim_state(), "layers": 0, "state": None}
         if out["loaded"]:
             import te_offload_shim
-            from te_offload_shim import cli
+            from te_offload_shim import health
             from te_offload_shim.engine.patch import shim_layers
 
             out["layers"] = shim_layers(caller.offload_megatron_model_to_cpu)
             out["state"] = {r["name"]: r["state"] for r in te_offload_shim.status()["targets"]}["verl"]
-            out["status"] = cli.collect()
+            out["status"] = health.collect()
         return out
 
 

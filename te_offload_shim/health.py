@@ -1,0 +1,436 @@
+"""The health model: what `te-offload-shim status` gathers, how it judges it, and how it prints it.
+
+`collect()` builds the report (a JSON-able dict: `status --json` prints it as it is), `assess()`
+judges it into problems (unhealthy: `status` exits 1) and warnings, `print_report()` writes the
+human form. The judging is data: `CHECKS` over the whole report, and per kind of row (`ROW_CHECKS`:
+the report key holding the rows, and the checks each row goes through), so that a new kind of row
+is its key in `collect()`, its checks and its section in `SECTIONS`. The CLI parses and dispatches.
+
+Collecting with `do_import` imports each present target in this process (the package is installed
+here, as the CLI imports it), which is what lets `status --import` report what a real process gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from te_offload_shim import _switches
+from te_offload_shim.activation import pth
+
+PROBLEM = "problem"  # the report is unhealthy: `status` exits 1
+WARNING = "warning"  # said, and `status` still exits 0
+Finding = tuple[str, str]  # (PROBLEM or WARNING, what to say)
+
+# --- gathering ---------------------------------------------------------------------------------
+
+
+def collect(do_import: bool = False) -> dict[str, Any]:
+    """Everything `status` reports, and whether it is healthy (with the reasons when not)."""
+    import te_offload_shim
+    from te_offload_shim.api import all_targets
+    from te_offload_shim.integrations import versions
+
+    enabled = _switches.enabled()
+    targets = all_targets()
+    rows = [versions.target_row(t, enabled) for t in targets]
+    import_errors, import_output = _import_targets(rows) if do_import else ({}, [])
+    if do_import:
+        live = {r["name"]: r for r in te_offload_shim.status()["targets"]}
+        for row in rows:
+            module = row["target"].partition(":")[0]
+            for key in ("imported", "state", "detail", "layers"):
+                row[key] = live[row["name"]][key]
+            row["import_error"] = import_errors.get(module)
+    shim = te_offload_shim.status()
+    found = versions.versions()
+    report: dict[str, Any] = {
+        "shim": {
+            "version": te_offload_shim.__version__,
+            "path": os.path.dirname(os.path.abspath(te_offload_shim.__file__)),
+            "enabled": enabled,
+            "installed_here": shim["installed"],
+            "strict": _switches.strict(),
+        },
+        "python": {"version": found["python"], "executable": sys.executable},
+        "versions": found,
+        "targets": rows,
+        "routes": pth.routes(),
+        "switches": {name: os.environ[name] for name in _switches.ALL_SWITCHES if name in os.environ},
+        # TE_OFFLOAD_SHIM* names that are no switch (misspelt: they do nothing), with the closest switch
+        "unknown_switches": [
+            {"name": name, "value": os.environ.get(name, ""), "closest": closest}
+            for name, closest in _switches.unknown_switches()
+        ],
+        "disabled_by": _disabled_by([t.name for t in targets]),
+        "user_target_problems": shim["user_target_problems"],
+        "declaration_problems": [p for t in targets for p in versions.declaration_problems(t)],
+        "hook_errors": shim["hook_errors"],
+        "imported": do_import,
+        "import_output": import_output,  # what importing the targets printed or warned (--import)
+        # TE_OFFLOAD_SHIM_AUDIT: the latest residue report of this process (None until an offload ran here)
+        "audit": {"enabled": _switches.audit(), "latest": te_offload_shim.stats()["audit"]},
+    }
+    report["routes"]["in_force"] = _route_in_force(report["routes"], shim["installed"])
+    problems, warnings = assess(report)
+    report["healthy"] = not problems
+    report["problems"] = problems
+    report["warnings"] = warnings
+    return report
+
+
+def _disabled_by(names: list[str]) -> dict[str, list[str]]:
+    """Each TE_OFFLOAD_SHIM_DISABLE value and the targets it switches off (a name also switches off
+    its `name-*` variants, `_switches.covers`): shown by `status` rather than left to be guessed."""
+    return {value: [n for n in names if _switches.covers(value, n)] for value in sorted(_switches.disabled_targets())}
+
+
+def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
+    """The route that activates the shim in processes started like this one."""
+    found = [
+        name
+        for name, on in (
+            (".pth", pth.in_force(routes["pth"])),
+            ("sitecustomize bootstrap", routes["sitecustomize_bootstrap"]),
+            ("VERL_USE_EXTERNAL_MODULES", routes["verl_external_modules"]),
+            ("Ray worker setup hook", routes["ray_worker_setup_hook"]),
+            ("PYTHONSTARTUP (interactive only)", routes["pythonstartup"]),
+        )
+        if on
+    ]
+    if found:
+        return ", ".join(found)
+    return "none: active only where code imports te_offload_shim" + (" (as this process did)" if installed_here else "")
+
+
+# --- importing the targets (--import) ------------------------------------------------------------
+
+
+def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
+    """Import each present target module, so that the shim patches it in this process.
+
+    Returns the import errors, and what the imports printed or warned (megatron and its friends say
+    a lot): held back and shown after the report, not ahead of it."""
+    import importlib
+    import io
+    import warnings
+
+    errors: dict[str, str] = {}
+    said = io.StringIO()
+    below_python: list[str] = []  # what reached file descriptor 1 itself
+    with _descriptor_1_held(below_python), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # each warning once per place, as Python shows them
+        for row in rows:
+            module = row["target"].partition(":")[0]
+            if not row["present"] or module in errors:
+                continue
+            this = io.StringIO()  # this import's own output, for the error that cuts it short
+            with contextlib.redirect_stdout(this), contextlib.redirect_stderr(this):
+                try:
+                    importlib.import_module(module)
+                except Exception as exc:
+                    errors[module] = f"{type(exc).__name__}: {exc}"
+                except SystemExit as exc:
+                    # Research code that parses sys.argv at import (argparse) exits here: its import
+                    # failed, and the others are still to be checked. KeyboardInterrupt stops status.
+                    errors[module] = _exit_text(exc, this.getvalue())
+            said.write(this.getvalue())
+    lines = [line for text in (said.getvalue(), *below_python) for line in text.splitlines() if line.strip()]
+    lines += [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
+    return errors, list(dict.fromkeys(lines))
+
+
+def _exit_text(exc: SystemExit, printed: str) -> str:
+    """`SystemExit: exit code 2; it printed: usage: ... | train.py: error: ...`: the exit, with the
+    last lines the module printed before it (argparse's usage and error)."""
+    code = 0 if exc.code is None else exc.code
+    text = f"SystemExit: exit code {code}" if isinstance(code, int) else f"SystemExit: {code}"
+    lines = [line.strip() for line in printed.splitlines() if line.strip()]
+    return f"{text}; it printed: {' | '.join(lines[-3:])}" if lines else text
+
+
+@contextlib.contextmanager
+def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
+    """Point file descriptor 1 at a scratch file while the targets import, and put what reached it
+    into `sink`: a C extension's printf, a subprocess the import runs, a write to fd 1, none of which
+    Python's `sys.stdout` sees. `status --json` must print one JSON document and nothing else."""
+    _flush_stdout()  # what was written before belongs where it was going
+    try:
+        held = _scratch_file()
+    except OSError:  # nowhere to hold it: leave it as it is
+        yield
+        return
+    with held:
+        try:
+            saved = os.dup(1)
+        except OSError:  # no descriptor 1 (closed by the caller): nothing can reach the report either
+            yield
+            return
+        os.dup2(held.fileno(), 1)
+        try:
+            yield
+        finally:
+            _flush_stdout()  # C's stdio buffer and sys.__stdout__'s still hold the imports' output
+            os.dup2(saved, 1)
+            os.close(saved)
+            held.seek(0)
+            sink.append(held.read().decode("utf-8", "replace"))
+
+
+def _scratch_file() -> Any:
+    """A file that needs no writable folder (a container's read-only root file system may have no
+    usable /tmp): an anonymous memory file where Linux has them, else a temporary file."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return open(os.memfd_create("te-offload-shim-status"), "w+b")
+        except OSError:  # an old kernel, or memfd refused by a seccomp profile
+            pass
+    import tempfile
+
+    return tempfile.TemporaryFile()  # OSError where there is no usable temporary folder either
+
+
+def _flush_stdout() -> None:
+    for stream in (sys.stdout, sys.__stdout__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # a closed or odd stream: its text stays where it is
+            pass
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # every C stdio output stream (printf from an extension)
+    except Exception:  # no C library to ask (not Linux or macOS): nothing buffered there to lose
+        pass
+
+
+# --- judging -------------------------------------------------------------------------------------
+
+
+def _switched_off(report: dict[str, Any]) -> Iterator[Finding]:
+    if not report["shim"]["enabled"]:
+        # An operator's choice, not a fault: `status` exits 0 so the same image check passes.
+        yield WARNING, f"switched off by {_switches.ENABLE}={os.environ.get(_switches.ENABLE)}: nothing is patched"
+    if "*" in _switches.disabled_targets():
+        yield WARNING, f"every target is switched off by {_switches.DISABLE}=*: nothing is patched"
+
+
+def _unknown_switches(report: dict[str, Any]) -> Iterator[Finding]:
+    # A warning, not a problem: the shim itself works as the known switches say; the name does nothing.
+    for entry in report["unknown_switches"]:
+        yield WARNING, _switches.unknown_switch_text(f"{entry['name']}={entry['value']}", entry["closest"])
+
+
+def _wrapt(report: dict[str, Any]) -> Iterator[Finding]:
+    from te_offload_shim.integrations import versions
+
+    if not versions.wrapt_ok(report["versions"]["wrapt"]):
+        yield PROBLEM, f"wrapt {versions.WRAPT_NEEDED} is needed to patch, found {report['versions']['wrapt']}"
+
+
+def _declared(report: dict[str, Any]) -> Iterator[Finding]:
+    yield from ((PROBLEM, p) for p in report["declaration_problems"])
+    yield from ((PROBLEM, f"{_switches.TARGETS}: {p}") for p in report["user_target_problems"])
+    yield from ((PROBLEM, f"patching failed: {e}") for e in report["hook_errors"])
+
+
+def _pth_files(report: dict[str, Any]) -> Iterator[Finding]:
+    problems, warnings = pth.assess(report["routes"]["pth"])
+    yield from ((PROBLEM, p) for p in problems)
+    yield from ((WARNING, w) for w in warnings)
+
+
+RowCheck = Callable[[dict[str, Any], dict[str, Any]], "Finding | None"]  # (report, row) -> finding
+
+
+def _target_error(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
+    if row.get("state") == "error":
+        return PROBLEM, f"{row['name']}: error: {row.get('detail', '')}"
+    return None
+
+
+def _user_target_absent(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
+    if row.get("state") == "absent" and row.get("user") and row.get("imported"):
+        module, _, attribute = row["target"].partition(":")
+        return PROBLEM, f"{row['name']}: {module} has no attribute {attribute} (misspelt in {_switches.TARGETS}?)"
+    return None
+
+
+def _stacked(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
+    if row.get("layers", 0) > 1:
+        return PROBLEM, f"{row['name']}: {row['layers']} shim wrappers stacked on {row['target']}"
+    return None
+
+
+def _import_failed(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
+    if row.get("import_error"):
+        return WARNING, f"{row['name']}: import failed: {row['import_error']}"
+    return None
+
+
+def _not_patched(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
+    state = row.get("state") or ""
+    if report["imported"] and row["would_be_patched"] and row.get("imported") and state != "patched":
+        return WARNING, f"{row['name']}: expected to be patched, state is {state!r}"
+    return None
+
+
+def _unchecked_release(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
+    if row["in_supported"] is False and row["would_be_patched"]:
+        return WARNING, f"{row['name']}: {row['in_supported_basis']}: a release this entry was not checked on"
+    return None
+
+
+# Each kind of row in the report (its key) and the checks every row of it goes through, in order.
+ROW_CHECKS: dict[str, tuple[RowCheck, ...]] = {
+    "targets": (_target_error, _user_target_absent, _stacked, _import_failed, _not_patched, _unchecked_release),
+}
+
+
+def _rows(report: dict[str, Any]) -> Iterator[Finding]:
+    for kind, checks in ROW_CHECKS.items():
+        for row in report.get(kind, ()):
+            for check in checks:
+                finding = check(report, row)
+                if finding is not None:
+                    yield finding
+
+
+# The checks over the whole report, in the order their findings are listed.
+CHECKS: tuple[Callable[[dict[str, Any]], Iterable[Finding]], ...] = (
+    _switched_off,
+    _unknown_switches,
+    _wrapt,
+    _declared,
+    _rows,
+    _pth_files,
+)
+
+
+def assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of a report: a problem makes it unhealthy."""
+    findings = [finding for check in CHECKS for finding in check(report)]
+    return [t for kind, t in findings if kind == PROBLEM], [t for kind, t in findings if kind == WARNING]
+
+
+# --- printing ------------------------------------------------------------------------------------
+
+_IMPORT_LINES = 20
+
+
+def _yes(value: object) -> str:
+    return {True: "yes", False: "no", None: "unknown"}.get(value, str(value))  # type: ignore[call-overload]
+
+
+def _supported(row: dict[str, Any]) -> str:
+    """`yes (>=0.4.0)`: whether the installed release is one the entry declares, and the declaration."""
+    if not row["present"] or not row["distribution"]:  # a TE_OFFLOAD_SHIM_TARGETS entry declares no releases
+        return "-"
+    declared = row["supported"] or "no release"
+    return f"{_yes(row['in_supported'])} ({declared})"
+
+
+def _fixed(row: dict[str, Any]) -> str:
+    answer = _yes(row["fixed_upstream"])
+    return f"{answer} (from {row['fixed_in']})" if row["fixed_in"] and row["present"] else answer
+
+
+def _print_shim(report: dict[str, Any], show_all: bool) -> None:
+    shim = report["shim"]
+    print(f"te-offload-shim {shim['version']} ({shim['path']})")
+    print(f"  enabled: {_yes(shim['enabled'])}   strict: {_yes(shim['strict'])}")
+    print(f"  python {report['python']['version']} ({report['python']['executable']})")
+    print("versions:")
+    for name, value in report["versions"].items():
+        if name != "python":
+            print(f"  {name:<20} {value or '-'}")
+
+
+def _print_targets(report: dict[str, Any], show_all: bool) -> None:
+    print("targets:")
+    header = ["target", "present", "version", "supported", "fixed upstream", "would be patched", "disabled"]
+    if report["imported"]:
+        header += ["state", "layers"]
+    table = [header]
+    # What is here (and what would be patched) first; the many targets of frameworks this
+    # environment does not have, one line (every row: --all, or --json).
+    shown, absent = _present_first(report["targets"], show_all)
+    for row in shown:
+        cells = [row["name"], _yes(row["present"]), row["version"] or "-", _supported(row)]
+        cells += [_fixed(row), _yes(row["would_be_patched"]), _yes(row["disabled"])]
+        if report["imported"]:
+            cells += [str(row["state"]), str(row["layers"])]
+        table.append(cells)
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    for cells in table:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
+    if absent:  # a row of its own, aligned with the table's first two columns
+        names = ", ".join(row["name"] for row in absent)
+        cells = ["others".ljust(widths[0]), "no".ljust(widths[1]), f"{len(absent)} targets: {names} (every row: --all)"]
+        print("  " + "  ".join(cells))
+
+
+def _present_first(rows: list[dict[str, Any]], show_all: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows of the table, rows left to one summary line): the targets present here, and those the
+    switches name (TE_OFFLOAD_SHIM_TARGETS, TE_OFFLOAD_SHIM_DISABLE), first, in the table's order;
+    the others after them with `show_all`, else in the summary."""
+    here = [r for r in rows if r["present"] or r.get("user") or r["disabled"]]
+    elsewhere = [r for r in rows if r not in here]
+    return (here + elsewhere, []) if show_all else (here, elsewhere)
+
+
+def _print_routes(report: dict[str, Any], show_all: bool) -> None:
+    routes = report["routes"]
+    print("activation routes:")
+    label = {True: "", False: " (outdated)", None: " (not readable by this user)"}
+    files = ", ".join(p["path"] + label[p["current"]] for p in routes["pth"])
+    print(f"  .pth:                      {files or 'no'}")
+    print(f"  sitecustomize bootstrap:   {_yes(routes['sitecustomize_bootstrap'])}")
+    print(f"  VERL_USE_EXTERNAL_MODULES: {_yes(routes['verl_external_modules'])}")
+    print(f"  PYTHONSTARTUP:             {_yes(routes['pythonstartup'])}")
+    print(f"  Ray worker setup hook:     {_yes(routes['ray_worker_setup_hook'])} (in this process)")
+    print(f"  ray.init setup hook:       {routes['ray_init_propagation']}")
+    switches = ", ".join(f"{k}={v}" for k, v in report["switches"].items())
+    print(f"  switches:                  {switches or 'none set'}")
+    if report["unknown_switches"]:
+        unknown = ", ".join(
+            f"{e['name']}={e['value']}" + (f" (did you mean {e['closest']}?)" if e["closest"] else "")
+            for e in report["unknown_switches"]
+        )
+        print(f"  unknown switches:          {unknown}")
+    for value, names in report["disabled_by"].items():
+        variants = " (its name-* variants included)" if len(names) > 1 and value != "*" else ""
+        print(f"  {_switches.DISABLE}={value} switches off: {', '.join(names) or 'no target'}{variants}")
+    print(f"  in force here:             {routes['in_force']}")
+
+
+def _print_findings(report: dict[str, Any], show_all: bool) -> None:
+    for warning in report["warnings"]:
+        print(f"warning: {warning}")
+    if report["import_output"]:
+        shown = report["import_output"][:_IMPORT_LINES]
+        print(f"what importing the targets printed or warned ({len(report['import_output'])} lines):")
+        for line in shown:
+            print(f"  | {line[:200]}")
+        if len(report["import_output"]) > len(shown):
+            print("  | ... (all of it: --json, key import_output)")
+    print("healthy" if report["healthy"] else "UNHEALTHY: " + "; ".join(report["problems"]))
+
+
+# The human report, section by section: (report, show_all) -> printed.
+SECTIONS: tuple[Callable[[dict[str, Any], bool], None], ...] = (
+    _print_shim,
+    _print_targets,
+    _print_routes,
+    _print_findings,
+)
+
+
+def print_report(report: dict[str, Any], show_all: bool = False) -> None:
+    """The human form of `collect()`'s report; every target row with `show_all`."""
+    for section in SECTIONS:
+        section(report, show_all)

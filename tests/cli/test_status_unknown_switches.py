@@ -1,0 +1,40 @@
+"""`te-offload-shim status` lists the `TE_OFFLOAD_SHIM*` names set in its environment that are no
+switch (a misspelt `TE_OFFLOAD_SHIM_DISABLED` switches nothing off), each with the closest real one,
+and warns about each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO, child_env
+
+ENV = {"TE_OFFLOAD_SHIM_DISABLED": "verl", "TE_OFFLOAD_SHIM_STRICT": "0"}
+
+
+def _status(*flags: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "te_offload_shim", "status", *flags]
+    return subprocess.run(command, capture_output=True, text=True, env=child_env(ENV), cwd=REPO, timeout=120)
+
+
+def test_status_lists_the_unknown_switch_names_with_the_closest_real_one() -> None:
+    proc = _status("--json")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, proc.stderr
+    assert report["unknown_switches"] == [
+        {"name": "TE_OFFLOAD_SHIM_DISABLED", "value": "verl", "closest": "TE_OFFLOAD_SHIM_DISABLE"}
+    ]
+    assert report["switches"] == {"TE_OFFLOAD_SHIM_STRICT": "0"}, "the known switches, as before"
+    assert (
+        "TE_OFFLOAD_SHIM_DISABLED=verl is no switch of te_offload_shim and does nothing "
+        "(did you mean TE_OFFLOAD_SHIM_DISABLE?)"
+    ) in report["warnings"]
+
+
+def test_the_human_report_shows_the_unknown_names_among_the_switches() -> None:
+    proc = _status()
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "  unknown switches:          TE_OFFLOAD_SHIM_DISABLED=verl (did you mean TE_OFFLOAD_SHIM_DISABLE?)" in lines
+    assert lines[-1] == "healthy"
