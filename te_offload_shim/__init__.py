@@ -57,7 +57,6 @@ if TYPE_CHECKING:
     def scan(models: object) -> CacheReport: ...
     def residue(models: object, *, device_type: str | None = None) -> ResidueReport: ...
     def ray_setup() -> None: ...
-    def all_targets() -> tuple[Target, ...]: ...
 
 
 __version__ = "0.5.0"
@@ -216,7 +215,6 @@ def _resolve(spec: str) -> "Any":
 # --- the rest of the public names: loaded on first use (PEP 562) ----------------------------------
 
 _EXPORTS = {
-    "all_targets": "te_offload_shim.api",
     "uninstall": "te_offload_shim.api",
     "clear_fp8_workspaces": "te_offload_shim.api",
     "ray_setup": "te_offload_shim.api",
@@ -245,7 +243,9 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> "list[str]":
-    return sorted({*globals(), *_EXPORTS})
+    # What a user may rely on (`__all__`, the names docs/api.md describes) and the dunders every
+    # module has; the tables, the imported modules and `TYPE_CHECKING` stay reachable, unlisted.
+    return sorted({*__all__, *(name for name in globals() if name[:2] == name[-2:] == "__")})
 
 
 # --- the post-import hook, the half that notices -------------------------------------------------

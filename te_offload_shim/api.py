@@ -1,8 +1,9 @@
 """The functions a user calls: `uninstall`, `status`, `stats`, `scan`, `clear_fp8_workspaces`,
-`residue`, `ray_setup` (and `all_targets`); and `on_target_import`, which the start-up's watch table
-names for the table's modules.
+`residue`, `ray_setup`; `on_target_import`, which the start-up's watch table names for the table's
+modules; and `all_targets`, for this module and `status` only (it returns the engine's `Target`, which
+is no public type: the package does not export it, and `status()`'s rows say the same to a user).
 
-The package exports each of them (`te_offload_shim.status()`), and this module loads on the first
+The package exports the functions a user calls (`te_offload_shim.status()`), and this module loads on the first
 use of one: not at start-up. `install` and `installed` are in the package itself, which runs
 `install()` when imported and owns the install state: read here through its functions. Each
 function imports what it needs when called, so that asking for `status()` never imports torch or a
