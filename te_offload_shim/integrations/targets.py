@@ -2,7 +2,10 @@
 
 Adding a target is adding an entry to `BUILTIN`. An entry names the module to watch, the attribute
 (`func` or `Class.method`), where the model chunks are in a call (a `where` spec), the
-releases it applies to, and optionally a rule that leaves a call alone.
+releases it applies to, and optionally a rule that leaves a call alone. The other four steps (the
+module name in `__init__.BUILTIN_MODULES`, a mirror or a real release, the `Case` in
+tests/support/entries.py, the row in docs/frameworks.md) and how to run the entry's contract are in
+docs/contributing.md, on one page.
 
 An entry is an `engine.schema.Target`; its `where` spec (where the model chunks are in a call) is
 described there, and is shared with `TE_OFFLOAD_SHIM_TARGETS`. This module is data only: the skip
