@@ -147,9 +147,12 @@ def install() -> bool:
         if _installed:
             return True
         _user_targets = ()
-        # Only a switch that names targets needs the table (or a bad value, a warning): most do not.
+        # Only a switch that names targets needs the table (or a bad value or name, a warning): most do not.
         if switches is not None and (
-            switches.user_targets() or switches.disabled_targets() or switches.switch_problems(())
+            switches.user_targets()
+            or switches.disabled_targets()
+            or switches.switch_problems(())
+            or switches.unknown_names()
         ):
             _user_targets = _resolve(_READ_SWITCHES)(_problems)
         _installed = True  # what engine.registry.active() reads: patches may land from here on

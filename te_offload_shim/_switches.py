@@ -96,44 +96,36 @@ def is_disabled(name: str) -> bool:
     return any(covers(value, name) for value in disabled_targets())
 
 
-def unknown_switches() -> list[tuple[str, str | None]]:
-    """(name, the closest switch or None) for each TE_OFFLOAD_SHIM* name set that is no switch."""
-    unknown = sorted(name for name in _names_set() if name not in ALL_SWITCHES)
-    if not unknown:
-        return []
-    import difflib  # only for a name that is no switch: a process that sets the right ones never loads it
-
-    # Compared without the prefix that every name shares, which would make any two names look alike.
-    by_suffix = {name[len(ENABLE) :].lstrip("_"): name for name in ALL_SWITCHES if name != ENABLE}
-    found: list[tuple[str, str | None]] = []
-    for name in unknown:
-        close = difflib.get_close_matches(name[len(ENABLE) :].lstrip("_").upper(), by_suffix, n=1, cutoff=0.7)
-        found.append((name, by_suffix[close[0]] if close else None))
-    return found
+def unknown_names() -> list[str]:
+    """The TE_OFFLOAD_SHIM* names set that are no switch (misspelt, they do nothing), sorted."""
+    return sorted(name for name in _names_set() if name not in ALL_SWITCHES)
 
 
 def _names_set() -> list[str]:
-    # The TE_OFFLOAD_SHIM* names in the environment. Iterating os.environ decodes every name (about
-    # 1 us each, and a cluster job sets hundreds); CPython keeps the encoded names in `_data`, which
-    # is scanned as it is, and only the names of ours are decoded.
+    # The TE_OFFLOAD_SHIM* names in the environment, read where CPython keeps them encoded (`_data`):
+    # the names joined by NUL, which no name holds (the environment is C strings), and searched in C,
+    # rather than a test per name in Python (a cluster job sets hundreds); only ours are decoded.
     data = getattr(os.environ, "_data", None)
     encode, decode = getattr(os.environ, "encodekey", None), getattr(os.environ, "decodekey", None)
-    if type(data) is dict and encode is not None and decode is not None:
-        prefix = encode(ENABLE)
-        return [decode(name) for name in data if name.startswith(prefix)]
-    return [name for name in os.environ if name.startswith(ENABLE)]
-
-
-def unknown_switch_text(name: str, closest: str | None) -> str:
-    hint = f"did you mean {closest}?" if closest else f"the switches: {', '.join(ALL_SWITCHES)}"
-    return f"{name} is no switch of te_offload_shim and does nothing ({hint})"
+    if type(data) is not dict or encode is None or decode is None:
+        return [name for name in os.environ if name.startswith(ENABLE)]
+    sep = encode("\0")
+    joined = sep + sep.join(data) + sep
+    start = sep + encode(ENABLE)
+    found = []
+    at = joined.find(start)
+    while at >= 0:
+        end = joined.find(sep, at + 1)
+        found.append(decode(joined[at + 1 : end]))
+        at = joined.find(start, end)
+    return found
 
 
 def switch_problems(names: tuple[str, ...]) -> list[str]:
-    """What is wrong with the switches as set: names that are no switch (a misspelt one does
-    nothing), values we do not understand, and names in TE_OFFLOAD_SHIM_DISABLE that match no
-    target (a misspelt name would disable nothing)."""
-    problems = [unknown_switch_text(name, closest) for name, closest in unknown_switches()]
+    """What is wrong with the switches as set: values we do not understand, and names in
+    TE_OFFLOAD_SHIM_DISABLE that match no target (a misspelt name would disable nothing). The names
+    that are no switch: `unknown_names()`, worded by integrations/user_targets.py."""
+    problems = []
     for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off")):
         value = os.environ.get(switch, "").strip().lower()
         if value and value not in _TRUE and value not in _FALSE:

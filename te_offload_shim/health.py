@@ -33,6 +33,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     import te_offload_shim
     from te_offload_shim.api import all_targets
     from te_offload_shim.integrations import versions
+    from te_offload_shim.integrations.user_targets import unknown_switches
 
     enabled = _switches.enabled()
     targets = all_targets()
@@ -63,7 +64,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         # TE_OFFLOAD_SHIM* names that are no switch (misspelt: they do nothing), with the closest switch
         "unknown_switches": [
             {"name": name, "value": os.environ.get(name, ""), "closest": closest}
-            for name, closest in _switches.unknown_switches()
+            for name, closest in unknown_switches()
         ],
         "disabled_by": _disabled_by([t.name for t in targets]),
         "user_target_problems": shim["user_target_problems"],
@@ -221,8 +222,10 @@ def _switched_off(report: dict[str, Any]) -> Iterator[Finding]:
 
 def _unknown_switches(report: dict[str, Any]) -> Iterator[Finding]:
     # A warning, not a problem: the shim itself works as the known switches say; the name does nothing.
+    from te_offload_shim.integrations.user_targets import unknown_switch_text
+
     for entry in report["unknown_switches"]:
-        yield WARNING, _switches.unknown_switch_text(f"{entry['name']}={entry['value']}", entry["closest"])
+        yield WARNING, unknown_switch_text(f"{entry['name']}={entry['value']}", entry["closest"])
 
 
 def _wrapt(report: dict[str, Any]) -> Iterator[Finding]:

@@ -1,9 +1,11 @@
 """The switches that name targets, read once when the shim installs: `TE_OFFLOAD_SHIM_TARGETS`
 (parsed by the engine's schema) and `TE_OFFLOAD_SHIM_DISABLE` (its names checked against the table),
-with one warning for each entry or value that cannot be used.
+with one warning for each entry or value that cannot be used, and for each `TE_OFFLOAD_SHIM*` name
+that is no switch (naming the closest one: `TE_OFFLOAD_SHIM_DISABLED` would switch nothing off).
 
 `install()` calls `read_at_install` only when one of those two is set, or when another switch has a
-value it cannot read: a process with no switch set never loads this module, the table or logging.
+value it cannot read, or a name is no switch: a process with no switch set never loads this module,
+the table or logging; one that sets only known switches never loads it either.
 """
 
 from __future__ import annotations
@@ -34,9 +36,33 @@ def read_at_install(problems: list[str]) -> tuple[Target, ...]:
 
         names = tuple(t.name for t in (*BUILTIN, *user))
     warnings += [(f"switch:{p}", p) for p in _switches.switch_problems(names)]
+    warnings += [(f"switch-name:{n}", unknown_switch_text(n, close)) for n, close in unknown_switches()]
     if warnings:  # logging is imported only when there is something to say
         from te_offload_shim._log import warn_once
 
         for key, text in warnings:
             warn_once(key, "te_offload_shim: %s", text)
     return user
+
+
+def unknown_switches() -> list[tuple[str, str | None]]:
+    """(name, the closest switch or None) for each `TE_OFFLOAD_SHIM*` name set that is no switch."""
+    unknown = _switches.unknown_names()
+    if not unknown:
+        return []
+    import difflib
+
+    # Compared without the prefix that every name shares, which would make any two names look alike.
+    prefix = _switches.ENABLE
+    by_suffix = {name[len(prefix) :].lstrip("_"): name for name in _switches.ALL_SWITCHES if name != prefix}
+    found: list[tuple[str, str | None]] = []
+    for name in unknown:
+        close = difflib.get_close_matches(name[len(prefix) :].lstrip("_").upper(), by_suffix, n=1, cutoff=0.7)
+        found.append((name, by_suffix[close[0]] if close else None))
+    return found
+
+
+def unknown_switch_text(name: str, closest: str | None) -> str:
+    """`TE_OFFLOAD_SHIM_DISABLED is no switch ... (did you mean TE_OFFLOAD_SHIM_DISABLE?)`."""
+    hint = f"did you mean {closest}?" if closest else f"the switches: {', '.join(_switches.ALL_SWITCHES)}"
+    return f"{name} is no switch of te_offload_shim and does nothing ({hint})"
