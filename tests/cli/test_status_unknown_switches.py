@@ -5,6 +5,7 @@ and warns about each."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -38,3 +39,14 @@ def test_the_human_report_shows_the_unknown_names_among_the_switches() -> None:
     lines = proc.stdout.splitlines()
     assert "  unknown switches:          TE_OFFLOAD_SHIM_DISABLED=verl (did you mean TE_OFFLOAD_SHIM_DISABLE?)" in lines
     assert lines[-1] == "healthy"
+
+
+def test_a_switch_name_that_is_not_utf8_is_listed_escaped() -> None:
+    """Non-UTF-8 bytes in a name (and its value), under a strict UTF-8 stdout: listed, escaped, exit 0."""
+    env = {os.fsencode(k): os.fsencode(v) for k, v in child_env({"PYTHONIOENCODING": "utf-8"}).items()}
+    env[b"TE_OFFLOAD_SHIM_DISABLE\xff"] = b"verl\xfe"
+    command = [sys.executable, "-m", "te_offload_shim", "status"]
+    proc = subprocess.run(command, capture_output=True, env=env, cwd=REPO, timeout=120)  # type: ignore[arg-type]
+    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    unknown = "  unknown switches:          TE_OFFLOAD_SHIM_DISABLE\\udcff=verl\\udcfe"
+    assert f"{unknown} (did you mean TE_OFFLOAD_SHIM_DISABLE?)" in proc.stdout.decode().splitlines()
