@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import FIXED_VERL, MIRRORS, REPO, UNFIXED_VERL, verl_path
+from conftest import FIXED_VERL, LEGACY_VERL, MIRRORS, REPO, UNFIXED_VERL, verl_path
 
 from te_offload_shim.integrations import versions
 from te_offload_shim.integrations.targets import BUILTIN, Target
@@ -109,7 +109,7 @@ def _top_level_names(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("release", [*UNFIXED_VERL, *FIXED_VERL])
+@pytest.mark.parametrize("release", [*LEGACY_VERL, *UNFIXED_VERL, *FIXED_VERL])
 def test_verl_fixed_in_agrees_with_the_real_release(release: str) -> None:
     """The declared `fixed_in` (what `status` says without importing) against the marker the real
     release's module defines (what the patcher checks at run time)."""
