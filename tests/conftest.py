@@ -126,7 +126,13 @@ class _Zygote:
     def _start(self) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
             env = child_env()
-            del env["PYTHONPATH"]  # the zygote's own path stays the interpreter's; each child gets its own
+            # the zygote's own path stays the interpreter's, less CI's prefix (torch 2.14.1 or wrapt 1.x
+            # first), which what it imports must come from too; each child gets its own
+            prefix = os.environ.get("TEST_PYTHONPATH_PREFIX")
+            if prefix:
+                env["PYTHONPATH"] = prefix
+            else:
+                del env["PYTHONPATH"]
             self.proc = subprocess.Popen(
                 [sys.executable, str(SUPPORT / "zygote.py")],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
