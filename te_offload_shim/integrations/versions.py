@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import pathlib
 import platform
 import sys
 from importlib import metadata, util
@@ -92,30 +93,18 @@ def _normal(name: str) -> str:
     return name.lower().replace("_", "-").replace(".", "-")  # PEP 503
 
 
-def _top_level_owners() -> dict[str, list[str]]:
-    return _owners(tuple(sys.path))
-
-
-@functools.cache
-def _owners(path: tuple[str, ...]) -> dict[str, list[str]]:
-    """Top-level import name -> the names of the distributions that install files under it (about
-    0.1 s in a full environment, once per process)."""
-    del path  # the cache key: packages_distributions() reads sys.path itself
-    try:
-        return dict(metadata.packages_distributions())
-    except Exception:  # a broken dist-info must not break status
-        return {}
-
-
-def _holds(dist: metadata.Distribution, path: str) -> bool:
-    """Whether `path` is one of the distribution's installed files, or lies in the folder an
-    editable install of it points at."""
+def _holds(dist: metadata.PathDistribution, root: str, path: str) -> bool:
+    """Whether `path` is one of the files the distribution (installed in `root`) lists in its RECORD,
+    or lies in the folder an editable install of it points at."""
     real = os.path.realpath(path)
     try:
-        root = os.path.realpath(str(dist.locate_file("")))
         if real.startswith(root + os.sep):
             relative = os.path.relpath(real, root).replace(os.sep, "/")
-            if any(str(file) == relative for file in dist.files or ()):
+            record = _record(dist)
+            if record is not None:
+                if "\n" + relative + "," in record:
+                    return True
+            elif any(str(file) == relative for file in dist.files or ()):  # an .egg-info's list
                 return True
         direct = dist.read_text("direct_url.json")
         if direct:
@@ -128,46 +117,63 @@ def _holds(dist: metadata.Distribution, path: str) -> bool:
     return False
 
 
+def _record(dist: metadata.PathDistribution) -> str | None:
+    """The RECORD's text with a newline in front, so that every line starts after one; read as text,
+    not parsed (torch's lists some 20,000 files)."""
+    text = dist.read_text("RECORD")
+    return None if text is None else "\n" + text
+
+
+def _installs_under(dist: metadata.PathDistribution, top: str) -> bool:
+    top_level = dist.read_text("top_level.txt")
+    if top_level is not None and top in top_level.split():
+        return True
+    record = _record(dist)
+    return record is not None and ("\n" + top + "/") in record
+
+
 def holder(module: str, distribution: str | None) -> dict[str, Any]:
     """Which installed distribution holds `module`'s file (looked up by the file, not by name):
     `{"file", "holder", "version", "namesakes", "dist"}`; `namesakes` are the installed distributions
-    named `distribution` that do not hold it, as "name version"."""
+    named `distribution`, or named like the module's top-level package and installing files under
+    it, that do not hold it, as "name version"."""
     path = module_file(module)
     found: dict[str, Any] = {"file": path, "holder": None, "version": None, "namesakes": [], "dist": None}
-    named = _distributions(distribution) if distribution else []
     top = module.split(".")[0]
-    # what installs files under the same top-level name (PyPI's `chatlearn` is not `pai-chatlearn`)
-    owners = [d for n in _top_level_owners().get(top, []) for d in _distributions(n)]
+    installed = _installed(tuple(sys.path))
+    named = [i for i in installed if distribution and i[0] == _normal(distribution)]
+    # PyPI's `chatlearn` is not `pai-chatlearn`, but installs a top-level `chatlearn`
+    like_top = [i for i in installed if i[0] == _normal(top) and i not in named and _installs_under(i[2], top)]
     held = None
     if path is not None:
-        held = next((d for d in named + owners if _holds(d, path)), None)
+        real = os.path.realpath(path)
+        same_root = [i for i in installed if real.startswith(i[1] + os.sep) and i not in named and i not in like_top]
+        same_root.sort(key=lambda i: not _installs_under(i[2], top))  # the likely holders first
+        held = next((i for i in named + like_top + same_root if _holds(i[2], i[1], path)), None)
         if held is not None:
-            found["holder"], found["version"], found["dist"] = held.metadata["Name"], held.version, held
+            dist = held[2]
+            found["holder"], found["version"], found["dist"] = dist.metadata["Name"], dist.version, dist
     # by identity, not name: ROLL's own setup.py and PyPI's unrelated package are both `roll`
-    others = [d for d in named + [o for o in owners if all(o is not n for n in named)] if d is not held]
-    found["namesakes"] = [f"{d.metadata['Name']} {d.version}" for d in others]
+    found["namesakes"] = [f"{i[2].metadata['Name']} {i[2].version}" for i in named + like_top if i is not held]
     return found
 
 
-def _distributions(name: str) -> list[metadata.Distribution]:
-    """Every installed distribution of that name, in path order (there may be two)."""
-    return _by_name(tuple(sys.path)).get(_normal(name), [])
-
-
 @functools.cache
-def _by_name(path: tuple[str, ...]) -> dict[str, list[metadata.Distribution]]:
-    """The installed distributions by normalised name, read once per search path."""
-    found: dict[str, list[metadata.Distribution]] = {}
-    try:
-        for dist in metadata.distributions(path=list(path)):
-            try:
-                name = dist.metadata["Name"]
-            except Exception:  # a broken dist-info must not break status
-                continue
-            if name:
-                found.setdefault(_normal(name), []).append(dist)
-    except Exception:
-        pass
+def _installed(path: tuple[str, ...]) -> list[tuple[str, str, metadata.PathDistribution]]:
+    """(normalised name, the folder it is installed in, the distribution) for every dist-info or
+    egg-info on the search path, in path order: the name from the folder's (`megatron_core-0.16.1
+    .dist-info`), as importlib.metadata finds them, without reading each one's METADATA."""
+    found = []
+    for entry in path:
+        try:
+            root = os.path.realpath(entry or ".")
+            names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith((".dist-info", ".egg-info")):
+                project = name.rsplit(".", 1)[0].split("-", 1)[0]
+                found.append((_normal(project), root, metadata.PathDistribution(pathlib.Path(root, name))))
     return found
 
 
