@@ -141,12 +141,13 @@ done
 # The verl releases beside the three of step 5: 0.9.0 (the table's fixed_in), 0.4.0 (its floor) and
 # 0.6.1; the two older ones import transformers 4.x (0.6.1's AutoModelForVision2Seq, gone in 5) and
 # pkg_resources (setuptools < 81), served to their test processes from one folder placed first on
-# their path (tests/conftest.py LEGACY_VERL).
+# their path (tests/conftest.py LEGACY_VERL). --no-compile: byte-compiling transformers' modules was 30
+# of the folder's 38 s; a test process compiles what it imports, once.
 step 15 "verl 0.9.0, 0.6.1, 0.4.0 -> .deps/verl-X; transformers 4.57 for the older two -> .deps/verl-legacy-pydeps"
 for v in 0.9.0 0.6.1 0.4.0; do
   [[ -d .deps/verl-$v/verl ]] || pip --no-deps --target ".deps/verl-$v" "verl==$v"
 done
-[[ -d .deps/verl-legacy-pydeps/transformers ]] || pip --no-deps --target .deps/verl-legacy-pydeps \
+[[ -d .deps/verl-legacy-pydeps/transformers ]] || pip --no-compile --no-deps --target .deps/verl-legacy-pydeps \
     transformers==4.57.6 huggingface-hub==0.36.2 setuptools==80.10.2
 
 # PyPI's roll, slime and chatlearn: other projects under the frameworks' names, for the test that
@@ -162,7 +163,7 @@ fi
 
 # The declared wrapt floor and the newest torch the registry allows, each in a folder put first on
 # the path of one pass of scripts/test.sh. torch 2.14.1 is a CUDA build with its CUDA libraries
-# (about 5.4 GB, under a minute from the local wheels); it runs on the CPU.
+# (about 5.4 GB from the local wheels; --no-compile as in step 15); it runs on the CPU.
 step 17 "wrapt 1.14 -> .deps/wrapt-1.14; torch 2.14.1 and its dependencies -> .deps/torch-2.14.1"
 [[ -d .deps/wrapt-1.14/wrapt ]] || pip --no-deps --target .deps/wrapt-1.14 "wrapt==1.14.*"
-[[ -d .deps/torch-2.14.1/torch ]] || pip --target .deps/torch-2.14.1 torch==2.14.1
+[[ -d .deps/torch-2.14.1/torch ]] || pip --no-compile --target .deps/torch-2.14.1 torch==2.14.1
