@@ -163,7 +163,7 @@ fi
 
 # The declared wrapt floor and the newest torch the registry allows, each in a folder put first on
 # the path of one pass of scripts/test.sh. torch 2.14.1 is a CUDA build with its CUDA libraries
-# (about 5.4 GB from the local wheels; --no-compile as in step 15); it runs on the CPU.
+# (about 5.4 GB from the local wheels, 49 s here); it runs on the CPU.
 step 17 "wrapt 1.14 -> .deps/wrapt-1.14; torch 2.14.1 and its dependencies -> .deps/torch-2.14.1"
 [[ -d .deps/wrapt-1.14/wrapt ]] || pip --no-deps --target .deps/wrapt-1.14 "wrapt==1.14.*"
-[[ -d .deps/torch-2.14.1/torch ]] || pip --no-compile --target .deps/torch-2.14.1 torch==2.14.1
+[[ -d .deps/torch-2.14.1/torch ]] || pip --target .deps/torch-2.14.1 torch==2.14.1
