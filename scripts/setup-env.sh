@@ -12,7 +12,7 @@ PY=${PYTHON:-python3}
 STAMP=.venv/.te-offload-shim-env-v4
 SMOKE_MINORS=(10 12 13)
 SMOKE_STAMP=.te-offload-shim-smoke-v1  # inside each .deps/py3.X
-STEPS=14
+STEPS=17
 SMOKE=1
 for arg in "$@"; do
   case $arg in
@@ -90,7 +90,7 @@ else
 fi
 
 if [[ $SMOKE == 0 ]]; then
-  step 13-14 "smoke venvs and the tests' framework wheels: skipped (--no-smoke)"
+  step 13-$STEPS "smoke venvs and the tests' framework wheels: skipped (--no-smoke)"
   exit 0
 fi
 
@@ -137,3 +137,33 @@ for v in 0.6.0 0.5.2; do
 done
 [[ -d .deps/trinity-pydeps/tensorboard ]] || pip --no-deps --target .deps/trinity-pydeps tensorboard==2.21.0 \
     absl-py==2.5.1 torchdata==0.11.0
+
+# The verl releases beside the three of step 5: 0.9.0 (the table's fixed_in), 0.4.0 (its floor) and
+# 0.6.1; the two older ones import transformers 4.x (0.6.1's AutoModelForVision2Seq, gone in 5) and
+# pkg_resources (setuptools < 81), served to their test processes from one folder placed first on
+# their path (tests/conftest.py LEGACY_VERL). --no-compile: byte-compiling transformers' modules was 30
+# of the folder's 38 s; a test process compiles what it imports, once.
+step 15 "verl 0.9.0, 0.6.1, 0.4.0 -> .deps/verl-X; transformers 4.57 for the older two -> .deps/verl-legacy-pydeps"
+for v in 0.9.0 0.6.1 0.4.0; do
+  [[ -d .deps/verl-$v/verl ]] || pip --no-deps --target ".deps/verl-$v" "verl==$v"
+done
+[[ -d .deps/verl-legacy-pydeps/transformers ]] || pip --no-compile --no-deps --target .deps/verl-legacy-pydeps \
+    transformers==4.57.6 huggingface-hub==0.36.2 setuptools==80.10.2
+
+# PyPI's roll, slime and chatlearn: other projects under the frameworks' names, for the test that
+# status does not take them for the frameworks (tests/cli/test_status_distributions.py). chatlearn
+# 0.0.1's setup.py declares python_requires='>=3.6.*', which setuptools 60 on refuses: built with an
+# older one.
+step 16 "PyPI's roll 0.13.4, slime 0.0.0, chatlearn 0.0.1 (unrelated namesakes) -> .deps/namesakes"
+if [[ ! -d .deps/namesakes/chatlearn ]]; then
+  printf 'setuptools<60\n' > .deps/namesakes-build-constraint.txt
+  PIP_CONSTRAINT=$PWD/.deps/namesakes-build-constraint.txt pip --no-deps --target .deps/namesakes \
+      roll==0.13.4 slime==0.0.0 chatlearn==0.0.1
+fi
+
+# The declared wrapt floor and the newest torch the registry allows, each in a folder put first on
+# the path of one pass of scripts/test.sh. torch 2.14.1 is a CUDA build with its CUDA libraries
+# (about 5.4 GB from the local wheels, 49 s here); it runs on the CPU.
+step 17 "wrapt 1.14 -> .deps/wrapt-1.14; torch 2.14.1 and its dependencies -> .deps/torch-2.14.1"
+[[ -d .deps/wrapt-1.14/wrapt ]] || pip --no-deps --target .deps/wrapt-1.14 "wrapt==1.14.*"
+[[ -d .deps/torch-2.14.1/torch ]] || pip --target .deps/torch-2.14.1 torch==2.14.1

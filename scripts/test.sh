@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): set-up, static checks, the suite, then the tests of the wrapper
-# itself again with wrapt 1.x first on the path (users' images pin either 1.x or 2.x), then the smoke
-# pass on the other supported Pythons (scripts/smoke.sh).
+# itself again with wrapt 1.x and with wrapt 1.14 (the declared floor) first on the path (users' images
+# pin either 1.x or 2.x), a subset under torch 2.14.1, then the smoke pass on the other supported
+# Pythons (scripts/smoke.sh).
 # Arguments go to pytest (and skip the wrapt 1.x and smoke passes): `scripts/test.sh tests/hostile` runs one folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,11 +16,24 @@ echo "--- the suite (pytest -n 2)"
 # loadgroup: the tests of one xdist_group (tests/te/test_te_real.py, which share one probe run) on one worker
 .venv/bin/python -m pytest -n 2 --dist loadgroup -q "$@"
 if [[ $# -eq 0 ]]; then
+  WRAPPER_TESTS=(tests/hostile/test_wrapper_transparency.py tests/engine/test_import_order.py
+    tests/integrations/test_verl.py::test_shim_imported_before_verl)
+  WRAPPER_K="wrapper_transparency or pickling or reload or wrapt_in_use or torch_in_use or [patch-import] or [import-patch-unpatch-patch] or test_shim_imported_before_verl"
   echo "--- the wrapper's own tests again under wrapt 1.x ($(ls -d .deps/wrapt-1/wrapt-*.dist-info | sed 's/.*wrapt-\(.*\)\.dist-info/\1/'))"
   TEST_PYTHONPATH_PREFIX="$PWD/.deps/wrapt-1" TEST_EXPECT_WRAPT_MAJOR=1 .venv/bin/python -m pytest -n 2 -q \
-    tests/hostile/test_wrapper_transparency.py tests/engine/test_import_order.py \
-    tests/integrations/test_verl.py::test_shim_imported_before_verl \
-    -k "wrapper_transparency or pickling or reload or wrapt_in_use or [patch-import] or [import-patch-unpatch-patch] or test_shim_imported_before_verl"
+    "${WRAPPER_TESTS[@]}" -k "$WRAPPER_K"
+  echo "--- and under wrapt 1.14, the declared floor (.deps/wrapt-1.14)"
+  TEST_PYTHONPATH_PREFIX="$PWD/.deps/wrapt-1.14" TEST_EXPECT_WRAPT=1.14 .venv/bin/python -m pytest -n 2 -q \
+    "${WRAPPER_TESTS[@]}" -k "$WRAPPER_K"
+  # torch 2.14.1, the newest the registry allows (a CUDA build, run on the CPU), first on every path:
+  # the wrapper's tests, verl 0.8.0's offload and the twin's clearing on TE 2.20
+  echo "--- under torch 2.14.1 (.deps/torch-2.14.1): the wrapper's tests, verl 0.8.0, the twin's clearing on TE 2.20.2"
+  TORCH_NEXT=(env PYTHONPATH="$PWD/.deps/torch-2.14.1" TEST_PYTHONPATH_PREFIX="$PWD/.deps/torch-2.14.1"
+    TEST_EXPECT_TORCH=2.14.1)
+  "${TORCH_NEXT[@]}" .venv/bin/python -m pytest -n 2 -q "${WRAPPER_TESTS[@]}" -k "($WRAPPER_K) and not 0.7.1"
+  # a run of its own: tests/twin has its own conftest module
+  "${TORCH_NEXT[@]}" TE_TWIN_RELEASES=2.20.2 .venv/bin/python -m pytest -n 2 --dist loadgroup -q \
+    tests/twin/test_twin_clearing.py
   echo "--- smoke: the standard-library parts on CPython 3.10, 3.12, 3.13 (tests/smoke, venvs in .deps/py3.X)"
   scripts/smoke.sh
 fi

@@ -58,6 +58,8 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         },
         "python": {"version": found["python"], "executable": sys.executable},
         "versions": found,
+        # installed distributions named for a framework that hold none of its modules: not its version
+        "namesakes": versions.namesakes(),
         "targets": rows,
         "routes": pth.routes(),
         "switches": {name: os.environ[name] for name in _switches.ALL_SWITCHES if name in os.environ},
@@ -350,7 +352,13 @@ def _print_shim(report: dict[str, Any], show_all: bool) -> None:
     print("versions:")
     for name, value in report["versions"].items():
         if name != "python":
-            print(f"  {name:<20} {value or '-'}")
+            other = report["namesakes"].get(name)
+            note = (
+                f" ({', '.join(other)} installed is another package: it holds none of {name}'s modules)"
+                if other
+                else ""
+            )
+            print(f"  {name:<20} {value or '-'}{note}")
 
 
 def _print_targets(report: dict[str, Any], show_all: bool) -> None:

@@ -34,7 +34,12 @@ DEPS = REPO / ".deps"
 BOOTSTRAP = REPO / "te_offload_shim" / "activation" / "bootstrap"
 MIRRORS = TESTS / "mirrors"
 UNFIXED_VERL = ("0.7.1", "0.8.0")
-FIXED_VERL = ("0.9.1",)
+FIXED_VERL = ("0.9.0", "0.9.1")  # 0.9.0: the table's fixed_in, the first release with the marker
+# The declared floor and the last 0.6: they import transformers 4.x (0.6.1's AutoModelForVision2Seq)
+# and pkg_resources (0.4.x), served from .deps/verl-legacy-pydeps first on their path, so their tests
+# start a fresh interpreter (the fork server has imported transformers 5)
+LEGACY_VERL = ("0.4.0", "0.6.1")
+LEGACY_PYDEPS = DEPS / "verl-legacy-pydeps"
 
 CHILD = "TEST_SUBPROCESS_NODEID"  # set to the node id in the child that runs it
 
@@ -54,6 +59,8 @@ def child_env(
     (and a verl release) on the path, and CI's wrapt-1.x prefix when it re-runs a suite."""
     paths = [str(p) for p in path]
     paths += [p for p in os.environ.get("TEST_PYTHONPATH_PREFIX", "").split(os.pathsep) if p]
+    if verl in LEGACY_VERL:
+        paths.append(str(legacy_pydeps_path()))
     paths.append(str(REPO))
     if verl is not None:
         paths.append(str(verl_path(verl)))
@@ -81,7 +88,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         "-p", "no:anyio", "-p", "no:randomly", f"--basetemp={basetemp}", "--no-header", "-rN", *opts.get("args", ()),
     ]  # fmt: skip
     timeout = opts.get("timeout", 180)
-    if opts.get("fresh") or opts.get("activate") or not _zygote.usable():
+    if opts.get("fresh") or opts.get("activate") or opts.get("verl") in LEGACY_VERL or not _zygote.usable():
         rc, out = _fresh(args, env, timeout)
         where = "a fresh interpreter"
     else:
@@ -119,7 +126,13 @@ class _Zygote:
     def _start(self) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
             env = child_env()
-            del env["PYTHONPATH"]  # the zygote's own path stays the interpreter's; each child gets its own
+            # the zygote's own path stays the interpreter's, less CI's prefix (torch 2.14.1 or wrapt 1.x
+            # first), which what it imports must come from too; each child gets its own
+            prefix = os.environ.get("TEST_PYTHONPATH_PREFIX")
+            if prefix:
+                env["PYTHONPATH"] = prefix
+            else:
+                del env["PYTHONPATH"]
             self.proc = subprocess.Popen(
                 [sys.executable, str(SUPPORT / "zygote.py")],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO,
@@ -195,6 +208,12 @@ def verl_path(version: str) -> Path:
     if not (path / "verl").is_dir():
         pytest.skip(f"verl {version} not installed in {path} (run scripts/setup-env.sh)")
     return path
+
+
+def legacy_pydeps_path() -> Path:
+    if not (LEGACY_PYDEPS / "transformers").is_dir():
+        pytest.skip(f"transformers 4.x not installed in {LEGACY_PYDEPS} (run scripts/setup-env.sh)")
+    return LEGACY_PYDEPS
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -14,7 +14,7 @@ rules and resolvers the entries name are in integrations/rules.py.
 Releases, declared once per entry and read by `te-offload-shim status` (integrations/versions.py):
 - `distribution`: the package whose installed version is checked.
 - `supported`: a version specifier set, `>=0.4.0,<0.9.0`, for the releases in which the entry point
-  exists as the entry describes it (integrations/specifiers.py has the subset accepted). None when no
+  exists as the entry describes it (a PEP 440 specifier set, matched with `packaging`). None when no
   release number is known for it (git-only code, or code in no release yet); `note` then says which
   revisions have it. A release outside the set is a warning in `status`, never a reason not to patch:
   the shim patches what it finds.

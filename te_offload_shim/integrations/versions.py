@@ -5,17 +5,31 @@ verl or megatron would pull torch, and would patch them. Imported by the CLI onl
 
 "Present" for a target means its module file exists. We look for it from the top-level package's
 search locations, walking folders: `importlib.util.find_spec("a.b.c")` would import `a` and `a.b`.
+
+A target's version is that of the distribution that holds the module file found (its RECORD lists
+the file, or it is an editable install of the folder the file is in), never that of whatever
+distribution happens to share the framework's name: PyPI's `roll`, `slime` and `chatlearn` are
+other projects, and a source checkout on PYTHONPATH belongs to no distribution. When nothing
+installed holds the file, the version is unknown and the row says why (`version_basis`).
+
+The specifiers (`supported=">=0.4.0"`) are matched with `packaging`, the ecosystem's PEP 440
+implementation (a declared dependency, and one megatron-core and TE's PyTorch code already import),
+imported here lazily: only `status` and the tests ever load it.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import pathlib
 import platform
+import sys
 from importlib import metadata, util
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from te_offload_shim import _switches
-from te_offload_shim.integrations.specifiers import SpecifierSet, Version, parse_version
 from te_offload_shim.integrations.targets import Target
 
 # Distributions reported by `status`; TE ships under several names depending on the build.
@@ -43,26 +57,124 @@ def te_version() -> str | None:
 
 def module_present(name: str) -> bool:
     """Whether the module's file exists, without importing it or its parents."""
+    return module_file(name) is not None
+
+
+def module_file(name: str) -> str | None:
+    """The file the import system would load for `name` (a package's `__init__.py`), found without
+    importing it or its parents; None when there is none."""
     top, *rest = name.split(".")
     try:
         spec = util.find_spec(top)  # a top-level name imports nothing
     except (ImportError, ValueError):
-        return False
+        return None
     if spec is None:
-        return False
-    if not rest:
-        return True
+        return None
+    if not rest:  # a namespace package has no file: its first folder stands for it
+        if spec.origin and os.path.isfile(spec.origin):
+            return spec.origin
+        return next(iter(spec.submodule_search_locations or ()), None)
     locations = list(spec.submodule_search_locations or ())
     for part in rest[:-1]:
         locations = [os.path.join(d, part) for d in locations if os.path.isdir(os.path.join(d, part))]
     last = rest[-1]
     suffixes = (".py", ".pyc", *_extension_suffixes())
     for directory in locations:
-        if os.path.isfile(os.path.join(directory, last, "__init__.py")):
-            return True
-        if any(os.path.isfile(os.path.join(directory, last + s)) for s in suffixes):
-            return True
+        package = os.path.join(directory, last, "__init__.py")
+        if os.path.isfile(package):
+            return package
+        for suffix in suffixes:
+            if os.path.isfile(os.path.join(directory, last + suffix)):
+                return os.path.join(directory, last + suffix)
+    return None
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")  # PEP 503
+
+
+def _holds(dist: metadata.PathDistribution, root: str, path: str) -> bool:
+    """Whether `path` is one of the files the distribution (installed in `root`) lists in its RECORD,
+    or lies in the folder an editable install of it points at."""
+    real = os.path.realpath(path)
+    try:
+        if real.startswith(root + os.sep):
+            relative = os.path.relpath(real, root).replace(os.sep, "/")
+            record = _record(dist)
+            if record is not None:
+                if "\n" + relative + "," in record:
+                    return True
+            elif any(str(file) == relative for file in dist.files or ()):  # an .egg-info's list
+                return True
+        direct = dist.read_text("direct_url.json")
+        if direct:
+            url = json.loads(direct)
+            if url.get("dir_info", {}).get("editable") and url.get("url", "").startswith("file:"):
+                checkout = os.path.realpath(unquote(urlparse(url["url"]).path))
+                return real.startswith(checkout + os.sep)
+    except Exception:  # an unreadable RECORD or direct_url.json: this one does not say it holds the file
+        return False
     return False
+
+
+def _record(dist: metadata.PathDistribution) -> str | None:
+    """The RECORD's text with a newline in front, so that every line starts after one; read as text,
+    not parsed (torch's lists some 20,000 files)."""
+    text = dist.read_text("RECORD")
+    return None if text is None else "\n" + text
+
+
+def _installs_under(dist: metadata.PathDistribution, top: str) -> bool:
+    top_level = dist.read_text("top_level.txt")
+    if top_level is not None and top in top_level.split():
+        return True
+    record = _record(dist)
+    return record is not None and ("\n" + top + "/") in record
+
+
+def holder(module: str, distribution: str | None) -> dict[str, Any]:
+    """Which installed distribution holds `module`'s file (looked up by the file, not by name):
+    `{"file", "holder", "version", "namesakes", "dist"}`; `namesakes` are the installed distributions
+    named `distribution`, or named like the module's top-level package and installing files under
+    it, that do not hold it, as "name version"."""
+    path = module_file(module)
+    found: dict[str, Any] = {"file": path, "holder": None, "version": None, "namesakes": [], "dist": None}
+    top = module.split(".")[0]
+    installed = _installed(tuple(sys.path))
+    named = [i for i in installed if distribution and i[0] == _normal(distribution)]
+    # PyPI's `chatlearn` is not `pai-chatlearn`, but installs a top-level `chatlearn`
+    like_top = [i for i in installed if i[0] == _normal(top) and i not in named and _installs_under(i[2], top)]
+    held = None
+    if path is not None:
+        real = os.path.realpath(path)
+        same_root = [i for i in installed if real.startswith(i[1] + os.sep) and i not in named and i not in like_top]
+        same_root.sort(key=lambda i: not _installs_under(i[2], top))  # the likely holders first
+        held = next((i for i in named + like_top + same_root if _holds(i[2], i[1], path)), None)
+        if held is not None:
+            dist = held[2]
+            found["holder"], found["version"], found["dist"] = dist.metadata["Name"], dist.version, dist
+    # by identity, not name: ROLL's own setup.py and PyPI's unrelated package are both `roll`
+    found["namesakes"] = [f"{i[2].metadata['Name']} {i[2].version}" for i in named + like_top if i is not held]
+    return found
+
+
+@functools.cache
+def _installed(path: tuple[str, ...]) -> list[tuple[str, str, metadata.PathDistribution]]:
+    """(normalised name, the folder it is installed in, the distribution) for every dist-info or
+    egg-info on the search path, in path order: the name from the folder's (`megatron_core-0.16.1
+    .dist-info`), as importlib.metadata finds them, without reading each one's METADATA."""
+    found = []
+    for entry in path:
+        try:
+            root = os.path.realpath(entry or ".")
+            names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+        except OSError:
+            continue
+        for name in names:
+            if name.endswith((".dist-info", ".egg-info")):
+                project = name.rsplit(".", 1)[0].split("-", 1)[0]
+                found.append((_normal(project), root, metadata.PathDistribution(pathlib.Path(root, name))))
+    return found
 
 
 def _extension_suffixes() -> list[str]:
@@ -71,16 +183,36 @@ def _extension_suffixes() -> list[str]:
     return list(EXTENSION_SUFFIXES)
 
 
+def _packaging() -> Any:
+    """packaging's `specifiers` and `version` modules, or None where it is not installed (status
+    then says the releases cannot be matched; it never fails for it)."""
+    try:
+        from packaging import specifiers, version
+    except ImportError:
+        return None
+    return specifiers, version
+
+
+NO_PACKAGING = "packaging is not installed: releases not matched"
+
+
 def declaration_problems(target: Target) -> list[str]:
     """What is malformed in a target's release declaration (targets.py); [] when it is sound."""
     problems = []
-    for field, text in (("supported", target.supported), ("fixed_in", target.fixed_in)):
-        if text is None:
-            continue
-        try:
-            SpecifierSet(text if field == "supported" else f">={text}")
-        except ValueError as exc:
-            problems.append(f"{target.name}: {field}: {exc}")
+    parsers = _packaging()
+    if parsers is not None:
+        specifiers, version = parsers
+        if target.supported is not None:
+            try:
+                if not specifiers.SpecifierSet(target.supported):
+                    problems.append(f"{target.name}: supported: {target.supported!r} matches every release (say None)")
+            except specifiers.InvalidSpecifier as exc:
+                problems.append(f"{target.name}: supported: bad specifier: {exc}")
+        if target.fixed_in is not None:
+            try:
+                version.Version(target.fixed_in)
+            except version.InvalidVersion as exc:
+                problems.append(f"{target.name}: fixed_in: {exc}")
     if (target.supported is not None or target.fixed_in is not None) and not target.distribution:
         problems.append(f"{target.name}: releases are declared without the distribution they are of")
     if (target.fixed_in is None) != (target.fixed_marker is None):
@@ -92,69 +224,133 @@ def declaration_problems(target: Target) -> list[str]:
     return problems
 
 
-def _release(target: Target, dist_version: str | None) -> tuple[Version | None, str]:
+def _release(target: Target, dist_version: str | None, held: dict[str, Any] | None) -> tuple[Any, str]:
+    """The installed release as a packaging Version, or (None, why it cannot be told)."""
+    if held is not None and held["file"] is not None and held["holder"] is None:
+        return None, no_holder_reason(target, held)
+    if (
+        held is not None
+        and held["holder"] is not None
+        and _normal(held["holder"]) != _normal(target.distribution or "")
+    ):
+        return None, f"{target.module} is held by {held['holder']} {held['version']}, not by {target.distribution}"
     if dist_version is None:
         return None, f"{target.distribution} version unknown"
+    parsers = _packaging()
+    if parsers is None:
+        return None, NO_PACKAGING
     try:
-        return parse_version(dist_version), ""
-    except ValueError as exc:
+        return parsers[1].Version(dist_version), ""
+    except parsers[1].InvalidVersion as exc:
         return None, str(exc)
 
 
-def fixed_upstream(target: Target, dist_version: str | None) -> tuple[bool | None, str]:
+def no_holder_reason(target: Target, held: dict[str, Any]) -> str:
+    why = f"no installed distribution holds {held['file']} (a source checkout?)"
+    if held["namesakes"]:
+        why += f"; {', '.join(held['namesakes'])} installed is another package of that name"
+    return why
+
+
+def fixed_upstream(
+    target: Target, dist_version: str | None, held: dict[str, Any] | None = None
+) -> tuple[bool | None, str]:
     """(fixed?, how we know) from the declared `fixed_in`, without importing the target."""
     if target.fixed_in is None:
         return False, "no release is declared to clear the caches itself"
-    found, why = _release(target, dist_version)
+    found, why = _release(target, dist_version, held)
     if found is None:
         return None, why
     try:
-        fixed = found in SpecifierSet(f">={target.fixed_in}")
-    except ValueError as exc:
+        fixed = found >= _packaging()[1].Version(target.fixed_in)
+    except ValueError as exc:  # InvalidVersion is a ValueError
         return None, str(exc)
     return fixed, f"{target.distribution} {dist_version} {'>=' if fixed else '<'} {target.fixed_in} (by version)"
 
 
-def in_supported(target: Target, dist_version: str | None) -> tuple[bool | None, str]:
-    """(is the installed release one the entry declares?, how we know)."""
+def in_supported(
+    target: Target, dist_version: str | None, held: dict[str, Any] | None = None
+) -> tuple[bool | None, str]:
+    """(is the installed release one the entry declares?, how we know). An installed pre-release or
+    local build counts as the release it is (pip's `prereleases=True` for what is already there)."""
     if target.supported is None:
         return None, target.note or "no supported releases declared"
-    found, why = _release(target, dist_version)
+    found, why = _release(target, dist_version, held)
     if found is None:
         return None, why
     try:
-        inside = found in SpecifierSet(target.supported)
-    except ValueError as exc:
+        inside = _packaging()[0].SpecifierSet(target.supported).contains(found, prereleases=True)
+    except ValueError as exc:  # InvalidSpecifier is a ValueError
         return None, str(exc)
     return inside, f"{target.distribution} {dist_version} {'in' if inside else 'not in'} {target.supported}"
 
 
 def versions() -> dict[str, str | None]:
-    """Python and the packages an operator asks about, frameworks included."""
+    """Python and the packages an operator asks about, frameworks included: a framework's version
+    is that of the distribution holding its modules (None when an installed one of its name holds
+    none of them: `namesakes()` says which)."""
     from te_offload_shim.integrations.targets import BUILTIN
 
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in CORE:
         found[name] = te_version() if name == "transformer-engine" else version(name)
     for target in BUILTIN:
-        if target.distribution and target.distribution not in found:
-            found[target.distribution] = version(target.distribution)
+        if target.distribution and target.distribution not in CORE:
+            held = holder(target.module, target.distribution)
+            if held["holder"] is not None and _normal(held["holder"]) == _normal(target.distribution):
+                found[target.distribution] = held["version"]
+            else:
+                found.setdefault(target.distribution, None)
     return found
 
 
+def namesakes() -> dict[str, list[str]]:
+    """Installed distributions named for a framework that hold none of its watched modules, by
+    that name: `{"roll": ["roll 0.13.4"]}` for PyPI's unrelated `roll`."""
+    from te_offload_shim.integrations.targets import BUILTIN
+
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for target in BUILTIN:
+        if target.distribution and target.distribution not in CORE:
+            by_name.setdefault(target.distribution, []).append(holder(target.module, target.distribution))
+    out = {}
+    for name, helds in by_name.items():
+        holding = {h["holder"] + " " + h["version"] for h in helds if h["holder"] is not None}
+        others = [n for n in dict.fromkeys(n for h in helds for n in h["namesakes"]) if n not in holding]
+        if others:
+            out[name] = others
+    return out
+
+
 def wrapt_ok(found: str | None) -> bool:
+    parsers = _packaging()
+    if found is None or parsers is None:
+        return found is not None  # without packaging: present is all status can tell
     try:
-        return found is not None and found in SpecifierSet(WRAPT_NEEDED)
+        return bool(parsers[0].SpecifierSet(WRAPT_NEEDED).contains(found))
     except ValueError:  # an unreadable version: say so rather than guess
         return False
 
 
 def target_row(target: Target, enabled: bool) -> dict[str, Any]:
     """What we can tell about one target without importing it."""
-    dist_version = version(target.distribution) if target.distribution else None
-    present = module_present(target.module)
-    fixed, basis = fixed_upstream(target, dist_version) if present else (None, "not present")
-    supported, supported_basis = in_supported(target, dist_version) if present else (None, "not present")
+    held = holder(target.module, target.distribution)
+    present = held["file"] is not None
+    # only the entry's own distribution's version is the framework's (a fork's is not)
+    own = held["holder"] is not None and _normal(held["holder"]) == _normal(target.distribution or "")
+    dist_version = held["version"] if own else None
+    if not target.distribution:
+        basis = "a TE_OFFLOAD_SHIM_TARGETS entry names no distribution"
+    elif not present:
+        basis = "not present" + (
+            f"; {', '.join(held['namesakes'])} installed holds no {target.module}" if held["namesakes"] else ""
+        )
+    elif held["holder"] is None:
+        basis = no_holder_reason(target, held)
+    else:
+        basis = f"{held['holder']} {held['version']} holds {held['file']}"
+    fixed, fixed_basis = fixed_upstream(target, dist_version, held) if present else (None, "not present")
+    supported, supported_basis = in_supported(target, dist_version, held) if present else (None, "not present")
     is_disabled = _switches.is_disabled(target.name)
     return {
         "name": target.name,
@@ -163,13 +359,15 @@ def target_row(target: Target, enabled: bool) -> dict[str, Any]:
         "distribution": target.distribution,
         "present": present,
         "version": dist_version,
+        "version_basis": basis,
+        "held_by": held["holder"],
         "supported": target.supported,
         "in_supported": supported,
         "in_supported_basis": supported_basis,
         "fixed_in": target.fixed_in,
         "note": target.note,
         "fixed_upstream": fixed,
-        "fixed_upstream_basis": basis,
+        "fixed_upstream_basis": fixed_basis,
         "disabled": is_disabled,
         "would_be_patched": bool(enabled and present and fixed is not True and not is_disabled),
     }

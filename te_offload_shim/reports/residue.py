@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
@@ -96,19 +96,7 @@ class ResidueReport:
     caching_off: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "device_type": self.device_type,
-            "total_bytes": self.total_bytes,
-            "storages": self.storages,
-            "by_category": dict(self.by_category),
-            "other": dict(self.other),
-            "top": [vars(h).copy() for h in self.top],
-            "te_global": dict(self.te_global),
-            "memory": [vars(m).copy() for m in self.memory],
-            "memory_before": None if self.memory_before is None else [vars(m).copy() for m in self.memory_before],
-            "errors": list(self.errors),
-            "caching_off": dict(self.caching_off),
-        }
+        return asdict(self)  # the holders and memory rows too, as plain dicts
 
     def summary(self) -> str:
         """One line: the residue by category, TE's global memory, the allocator and driver numbers."""

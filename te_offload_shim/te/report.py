@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -47,22 +47,7 @@ class CacheReport:
     caching_off: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "cleared": self.cleared,
-            "entries": self.entries,
-            "modules": self.modules,
-            "bytes": self.bytes,
-            "bytes_shared": self.bytes_shared,
-            "released_bytes": self.released_bytes,
-            "skipped": [vars(s).copy() for s in self.skipped],
-            "errors": list(self.errors),
-            "primary_weight_params": self.primary_weight_params,
-            "primary_weight_bytes": self.primary_weight_bytes,
-            "primary_weight_cleared": self.primary_weight_cleared,
-            "primary_weight_dropped_by": self.primary_weight_dropped_by,
-            "primary_weight_where": list(self.primary_weight_where),
-            "caching_off": dict(self.caching_off),
-        }
+        return asdict(self)  # `skipped` too, as plain dicts
 
 
 class ShimError(RuntimeError):

@@ -163,6 +163,20 @@ def test_wrapt_in_use_is_the_one_ci_asked_for() -> None:
         assert major == expected
     else:
         assert int(major) >= 1
+    wanted = os.environ.get("TEST_EXPECT_WRAPT")  # CI's pass on the declared floor: exactly that release
+    if wanted:
+        assert wrapt.__version__.startswith(wanted + "."), wrapt.__version__  # type: ignore[attr-defined]
+
+
+@pytest.mark.subprocess()
+def test_torch_in_use_is_the_one_ci_asked_for() -> None:
+    """CI runs the wrapper tests and a twin subset again under torch 2.14.1 (.deps/torch-2.14.1)."""
+    import os
+
+    import torch
+
+    wanted = os.environ.get("TEST_EXPECT_TORCH")
+    assert torch.__version__.startswith(wanted) if wanted else torch.__version__ >= "2"
 
 
 METHOD_ORDERS = (

@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 import pytest
-from conftest import FIXED_VERL, UNFIXED_VERL, verl_path
-from support.verl_case import ENGINE, WORKERS, build, offload
+from conftest import FIXED_VERL, LEGACY_VERL, UNFIXED_VERL, verl_path
+from support.verl_case import ENGINE, MODULE, WORKERS, build, offload
 
 
 def _declared_fixed(verl: str) -> bool | None:
@@ -50,6 +50,20 @@ def test_shim_imported_before_verl(verl: str, caplog: pytest.LogCaptureFixture) 
     _check_cleared(r)
     assert r["caller_layers"] == 1 and r["module_layers"] == 1
     assert r["state"]["verl"] == "patched"
+    assert _declared_fixed(verl) is False, "the declaration agrees with the real release's module"
+    assert "cleared 9 FP8 weight workspaces" in caplog.text
+
+
+@pytest.mark.parametrize("verl", on(LEGACY_VERL))
+def test_shim_on_the_declared_floor_and_0_6(verl: str, caplog: pytest.LogCaptureFixture) -> None:
+    """verl 0.4.0 (the table's `supported` floor, flushing with torch.cuda.empty_cache) and 0.6.1,
+    their real offload called through its own module."""
+    caplog.set_level(logging.INFO)
+    import te_offload_shim  # noqa: F401
+
+    r = offload(build(), MODULE)
+    _check_cleared(r)
+    assert r["module_layers"] == 1 and r["state"]["verl"] == "patched"
     assert _declared_fixed(verl) is False, "the declaration agrees with the real release's module"
     assert "cleared 9 FP8 weight workspaces" in caplog.text
 

@@ -101,3 +101,19 @@ def test_the_start_up_declares_the_signatures_of_the_api() -> None:
     exported = {name for name, module in te_offload_shim._EXPORTS.items() if module == "te_offload_shim.api"}
     assert set(declared) == exported, "every function exported from api is declared, and nothing else"
     assert {name: api[name] for name in declared} == declared
+
+
+def test_packaging_is_imported_only_by_status_and_only_when_it_runs() -> None:
+    """`packaging` (the table's specifiers) is a dependency of `status` alone: one module imports
+    it, inside a function, so neither start-up nor a patched process ever loads it for the shim."""
+    importers = {}
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        top_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n == "packaging" or n.startswith("packaging.") for n in names):
+                importers[str(path.relative_to(PACKAGE))] = id(node) in top_level
+    assert importers == {"integrations/versions.py": False}, "imported at a module's top, or elsewhere"

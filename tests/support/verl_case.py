@@ -10,6 +10,7 @@ from typing import Any
 
 ENGINE = "verl.workers.engine.megatron.transformer_impl"  # the caller in 0.6.0+ (only one from 0.8.0)
 WORKERS = "verl.workers.megatron_workers"  # the caller in 0.4.0 - 0.7.1
+MODULE = "verl.utils.megatron_utils"  # the function's own module (0.4.0 and 0.6.1: their callers need flash_attn)
 
 
 def build(spoil: Callable[[Any], None] | None = None) -> SimpleNamespace:
@@ -26,6 +27,8 @@ def build(spoil: Callable[[Any], None] | None = None) -> SimpleNamespace:
     world = SimpleNamespace(model=model, initial=w.cache_state([model]), before=w.weights(model), flushes=[])
     # torch.cpu has no empty_cache (apply_cpu_quirks adds one): this one replaces it
     torch.cpu.empty_cache = lambda: world.flushes.append(w.cache_state([model])["entries"])  # type: ignore[attr-defined]
+    if not w.on_gpu():  # verl 0.4.0 flushes with torch.cuda.empty_cache itself (0.4.1 on: get_torch_device())
+        torch.cuda.empty_cache = torch.cpu.empty_cache  # type: ignore[attr-defined]
     return world
 
 
