@@ -148,7 +148,7 @@ def test_nemo_rl_offload_after_refit_with_and_without_pr_2248(root: str) -> None
         calls_before_refit.append(1)
         real_before(self)
 
-    m, n, frozen = frozen_layer_chunk()
+    m, n, _ = frozen_layer_chunk()
     before = w.weights(m)
     worker = mpw.MegatronPolicyWorkerImpl(m, {"megatron_cfg": {}})
     worker.offload_before_refit = spy.__get__(worker)  # type: ignore[method-assign]  # observe the inner call only
@@ -173,8 +173,9 @@ def test_nemo_rl_offload_after_refit_with_and_without_pr_2248(root: str) -> None
     del os.environ["TE_OFFLOAD_SHIM_DISABLE"]
     reset_stats()
 
-    m3, n3, _ = frozen_layer_chunk()
-    mpw.MegatronPolicyWorkerImpl(m3, {"megatron_cfg": {"fp8_cfg": {"force_clear_fp8_caches": True}}}).offload_after_refit()
+    m3, _, _ = frozen_layer_chunk()
+    opt_in = {"megatron_cfg": {"fp8_cfg": {"force_clear_fp8_caches": True}}}
+    mpw.MegatronPolicyWorkerImpl(m3, opt_in).offload_after_refit()
     reason = "NeMo-RL fp8_cfg.force_clear_fp8_caches is on: it clears the caches itself"
     assert events() == [["flush", 0]], "NeMo-RL's own clear empties every cache before its flush"
     assert shim_stats()["left_alone"] == {"nemo-rl-after-refit": {reason: 1}}
