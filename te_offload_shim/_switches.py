@@ -20,7 +20,8 @@ DISABLE = "TE_OFFLOAD_SHIM_DISABLE"
 TARGETS = "TE_OFFLOAD_SHIM_TARGETS"
 FORCE_CUDA_GRAPHS = "TE_OFFLOAD_SHIM_FORCE_CUDA_GRAPHS"
 AUDIT = "TE_OFFLOAD_SHIM_AUDIT"
-ALL_SWITCHES = (ENABLE, STRICT, DISABLE, TARGETS, FORCE_CUDA_GRAPHS, AUDIT)
+TE_GLOBALS = "TE_OFFLOAD_SHIM_TE_GLOBALS"
+ALL_SWITCHES = (ENABLE, STRICT, DISABLE, TARGETS, FORCE_CUDA_GRAPHS, AUDIT, TE_GLOBALS)
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -45,6 +46,12 @@ def strict() -> bool:
 def force_with_cuda_graphs() -> bool:
     """True when the user states their CUDA graphs are re-captured after an offload."""
     return _flag(FORCE_CUDA_GRAPHS, False)
+
+
+def te_globals() -> bool:
+    """True when TE_OFFLOAD_SHIM_TE_GLOBALS=1: an offload also gives back TE's re-creatable process
+    globals (te/process_globals.py says which, and when never)."""
+    return _flag(TE_GLOBALS, False)
 
 
 def audit() -> bool:
@@ -86,7 +93,7 @@ def switch_problems(names: tuple[str, ...]) -> list[str]:
     """What is wrong with the switches as set: values we do not understand, and names in
     TE_OFFLOAD_SHIM_DISABLE that match no target (a misspelt name would disable nothing)."""
     problems = []
-    for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off")):
+    for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off"), (TE_GLOBALS, "off")):
         value = os.environ.get(switch, "").strip().lower()
         if value and value not in _TRUE and value not in _FALSE:
             problems.append(

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from te_offload_shim.te import sizes
+from te_offload_shim.te.graphs import private_pools
+
+__all__ = ["DeviceMemory", "device_memory", "private_pools", "te_global_memory"]
 
 _TE_BASE = "transformer_engine.pytorch.module.base"
 _TE_GEMM = "transformer_engine.pytorch.cpp_extensions.gemm"
@@ -105,24 +108,6 @@ def _pool_bytes(pool: Any) -> int | None:
         return sum(int(segment["total_size"]) for segment in pool.snapshot())
     except Exception:
         return None
-
-
-def private_pools(torch: Any) -> dict[str, int]:
-    """Per CUDA device, the bytes reserved in segments of private pools: those of captured CUDA graphs
-    (TE's `make_graphed_callables`, Megatron's, `torch.compile`'s) and of MemPools (TE's symmetric-memory
-    pool among them), read from the allocator's snapshot (`torch.cuda.memory_snapshot()`: every
-    segment whose `segment_pool_id` is not the default pool's `(0, 0)`). Which graph holds which pool
-    cannot be read: the process keeps no registry of its graphs. Empty while CUDA is not initialised."""
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_initialized():
-        return {}
-    found: dict[str, int] = {}
-    for segment in cuda.memory_snapshot():
-        pool = tuple(segment.get("segment_pool_id") or (0, 0))
-        if pool != (0, 0):
-            device = f"cuda:{segment['device']}"
-            found[device] = found.get(device, 0) + int(segment["total_size"])
-    return found
 
 
 def _lru_cache_values(function: Any) -> list[Any] | None:

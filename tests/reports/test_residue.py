@@ -330,14 +330,14 @@ def test_te_symmetric_memory_is_named_where_the_release_has_it(release: str) -> 
     if has_cache:
         te_dist.symmetric_mem_cache[(64, torch.float32, "cpu", None, None)] = torch.empty(64, dtype=torch.float32)
     if has_pool:
-        te_dist._SYMM_MEM_POOL = Pool()
+        te_dist._SYMM_MEM_POOL = Pool()  # type: ignore[attr-defined]  # TE's module: no types
     found = shim.residue([torch.nn.Linear(2, 2)], device_type="cpu").te_global
     assert [found.get("symmetric_mem_cache"), found.get("symm_mem_pool")] == [
         64 * F32 if has_cache else None,
         (3 << 20) if has_pool else None,
     ]
     if has_pool:
-        te_dist._SYMM_MEM_POOL = object()  # a pool whose segments cannot be read: present, size unknown
+        te_dist._SYMM_MEM_POOL = object()  # type: ignore[attr-defined]  # a pool whose segments cannot be read: present, size unknown
         report = shim.residue([torch.nn.Linear(2, 2)], device_type="cpu")
         assert "symm_mem_pool" in report.te_global and report.te_global["symm_mem_pool"] is None
         assert "symm_mem_pool present" in report.summary()
