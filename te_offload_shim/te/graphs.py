@@ -76,8 +76,12 @@ def private_pools(torch: Any) -> dict[str, int]:
     cuda = getattr(torch, "cuda", None)
     if cuda is None or not cuda.is_initialized():
         return {}
+    try:  # without the frames memory-history recording adds to every block, where this torch takes it
+        segments = cuda.memory_snapshot(include_traces=False)
+    except TypeError:
+        segments = cuda.memory_snapshot()
     found: dict[str, int] = {}
-    for segment in cuda.memory_snapshot():
+    for segment in segments:
         pool = tuple(segment.get("segment_pool_id") or (0, 0))
         if pool != (0, 0):
             device = f"cuda:{segment['device']}"

@@ -360,7 +360,7 @@ def test_private_pools_are_read_from_the_allocators_snapshot(monkeypatch: pytest
         {"device": 1, "segment_pool_id": (1, 5), "total_size": 8 << 20},
     ]
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda include_traces=True: segments)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # no allocator numbers to read
     report = shim.residue([torch.nn.Linear(2, 2)], device_type="cpu")
     assert report.private_pools == {"cuda:0": 6 << 20, "cuda:1": 8 << 20}
