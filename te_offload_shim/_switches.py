@@ -61,6 +61,12 @@ def force_with_cuda_graphs() -> bool:
     return _flag(FORCE_CUDA_GRAPHS, False)
 
 
+def te_globals() -> bool:
+    """True when TE_OFFLOAD_SHIM_TE_GLOBALS=1: an offload also gives back TE's re-creatable process
+    globals (te/process_globals.py says which, and when never)."""
+    return _flag(TE_GLOBALS, False)
+
+
 def audit() -> bool:
     """True when TE_OFFLOAD_SHIM_AUDIT is on (1/true/yes/on, or a device type): after each wrapped
     offload, report what is still on the device."""
@@ -126,7 +132,7 @@ def switch_problems(names: tuple[str, ...]) -> list[str]:
     TE_OFFLOAD_SHIM_DISABLE that match no target (a misspelt name would disable nothing). The names
     that are no switch: `unknown_names()`, worded by integrations/user_targets.py."""
     problems = []
-    for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off")):
+    for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off"), (TE_GLOBALS, "off")):
         value = os.environ.get(switch, "").strip().lower()
         if value and value not in _TRUE and value not in _FALSE:
             problems.append(

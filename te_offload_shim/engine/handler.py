@@ -17,7 +17,7 @@ from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
 from te_offload_shim.engine import hooks, registry
-from te_offload_shim.te import caches
+from te_offload_shim.te import caches, process_globals
 from te_offload_shim.te.caching_off import describe
 from te_offload_shim.te.chunks import as_chunks
 
@@ -62,7 +62,8 @@ def totals() -> dict[str, Any]:
         result["by_target"] = {k: dict(v) for k, v in _by_target.items()}
         result["left_alone"] = {k: dict(v) for k, v in _left.items()}
         result["caching_off"] = dict(_caching_off)
-        return result
+    result["te_globals"] = process_globals.totals()  # TE_OFFLOAD_SHIM_TE_GLOBALS
+    return result
 
 
 def reset_stats() -> None:
@@ -76,6 +77,7 @@ def reset_stats() -> None:
         _caching_off_by_target.clear()
         _said_off.clear()
         _announced = False
+    process_globals.reset()
 
 
 def caching_off_at_last_call(name: str) -> dict[str, int]:
@@ -294,7 +296,10 @@ class Handler:
             if not chunks:
                 return models, _NONE  # every chunk of it was cleared by a wrapper outside this call
             models = chunks
-        _record(target, caches.clear_fp8_workspaces(models, params=params, strict=_switches.strict()))
+        report = caches.clear_fp8_workspaces(models, params=params, strict=_switches.strict())
+        _record(target, report)
+        if _switches.te_globals():  # opt-in: TE's re-creatable globals too, after the caches
+            process_globals.give_back(report)
         # A clearing limited to some layers (megatron-core's: one buffer's) covers no whole chunk.
         return models, frozenset(id(c) for c in chunks) if params is None else _NONE
 

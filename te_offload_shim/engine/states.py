@@ -59,3 +59,5 @@ class Stats(TypedDict):
     by_target: dict[str, TargetTotals]
     left_alone: dict[str, dict[str, int]]  # target -> the reason its skip rule gave -> calls left alone
     audit: dict[str, Any] | None  # the latest TE_OFFLOAD_SHIM_AUDIT report (None until one ran)
+    # TE_OFFLOAD_SHIM_TE_GLOBALS: TE globals given back (calls, entries, bytes) and kept ({reason: calls})
+    te_globals: dict[str, Any]

@@ -71,6 +71,17 @@ BUILTIN: tuple[Target, ...] = (
         skip=rules.nemo_rl_clears_itself,
     ),
     Target(
+        "nemo-rl-after-refit",
+        "nemo_rl.models.policy.workers.megatron_policy_worker",
+        # Open PR #2248 inlines it: it would no longer call offload_before_refit. Where it still does,
+        # the inner call finds its chunk cleared by this one (nesting) and clears nothing twice.
+        "MegatronPolicyWorkerImpl.offload_after_refit",
+        "self.model",
+        distribution="nemo-rl",
+        supported=">=0.6.0",
+        skip=rules.nemo_rl_clears_itself,  # the PR keeps the opt-in clear, in _clear_refit_memory_caches
+    ),
+    Target(
         "nemo-rl-0.5",
         "nemo_rl.models.policy.workers.megatron_policy_worker",
         "MegatronPolicyWorker.offload_before_refit",

@@ -11,9 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from te_offload_shim.te import sizes
+from te_offload_shim.te.graphs import private_pools
+
+__all__ = ["DeviceMemory", "device_memory", "private_pools", "te_global_memory"]
 
 _TE_BASE = "transformer_engine.pytorch.module.base"
 _TE_GEMM = "transformer_engine.pytorch.cpp_extensions.gemm"
+_TE_DISTRIBUTED = "transformer_engine.pytorch.distributed"
 
 
 @dataclass
@@ -51,10 +55,16 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
       `cpp_extensions/gemm.py:get_cublas_workspace`, read (not called) through the cache's own
       dict. Small (32 MiB each on Hopper); a captured CUDA graph holds their addresses.
     * userbuffers (`_ub_communicators`): allocated by TE's C++ outside PyTorch's allocator, so their
-      bytes are not visible here: reported as present (None), seen only in `driver_used`."""
+      bytes are not visible here: reported as present (None), seen only in `driver_used`.
+    * `symmetric_mem_cache` (distributed.py, in the wheels from 2.4): the symmetric-memory buffers of
+      TE's all-reduce, one per (numel, dtype, device, group, tag), never freed by TE.
+    * `symm_mem_pool` (`_SYMM_MEM_POOL`, distributed.py 2.18+): the process-wide symmetric-memory
+      `torch.cuda.MemPool`, freed only by TE's `release_symm_mem_pool()` (2.19+); its bytes are
+      the segments its own `snapshot()` lists (None where that cannot be read)."""
     base = sys.modules.get(_TE_BASE)
     gemm = sys.modules.get(_TE_GEMM)
-    if base is None and gemm is None:
+    distributed = sys.modules.get(_TE_DISTRIBUTED)
+    if base is None and gemm is None and distributed is None:
         return {}
     if device_type is None:
 
@@ -82,7 +92,22 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
         found["cublas_workspaces"] = size([*workspaces, *(cached or ())])
     if g.get("_ub_communicators"):
         found["userbuffers"] = None
+    d = vars(distributed) if distributed is not None else {}
+    symmetric = d.get("symmetric_mem_cache")
+    if isinstance(symmetric, dict):
+        found["symmetric_mem_cache"] = size(symmetric.values())
+    pool = d.get("_SYMM_MEM_POOL")
+    if pool is not None:
+        found["symm_mem_pool"] = _pool_bytes(pool)
     return found
+
+
+def _pool_bytes(pool: Any) -> int | None:
+    """The bytes of a `torch.cuda.MemPool`'s segments, from its own `snapshot()` (read only)."""
+    try:
+        return sum(int(segment["total_size"]) for segment in pool.snapshot())
+    except Exception:
+        return None
 
 
 def _lru_cache_values(function: Any) -> list[Any] | None:

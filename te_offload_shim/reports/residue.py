@@ -21,7 +21,7 @@ from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 from te_offload_shim._log import human_bytes
-from te_offload_shim.reports.process_memory import DeviceMemory, device_memory, te_global_memory
+from te_offload_shim.reports.process_memory import DeviceMemory, device_memory, private_pools, te_global_memory
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
@@ -34,6 +34,12 @@ TOP = 10
 # (and `shared_buffer`) are the allocations the parameters and `main_grad`s are views into.
 DDP_BUFFER_LISTS = ("buffers", "expert_parallel_buffers")
 _DDP_BUFFER_MARKS = ("param_data", "grad_data")
+# Holders given a name of their own inside their category. megatron-core 0.17+ `_ParamAndGradBuffer`
+# keeps `extra_main_grads`: FP32 `main_grad` copies of the parameters matched by
+# `param_name_patterns_for_fp32_local_accumulation`, outside `grad_data`, which `offload_to_cpu`
+# leaves where they are (param_and_grad_buffer.py, core_v0.17.0 - core_v0.19.0). Counted under
+# `ddp_buffers`, the buffer holds them.
+NAMED = {"ddp_buffers": ("extra_main_grads",)}
 # Gradients Megatron keeps on the parameter object itself (DDP's `main_grad`; `decoupled_grad` for
 # the precision-aware optimizer, megatron/core/optimizer).
 GRAD_ATTRS = ("main_grad", "decoupled_grad")
@@ -76,7 +82,9 @@ class Holder:
 @dataclass
 class ResidueReport:
     """What `residue()` found. `total_bytes` is the sum of `by_category` (unique storages);
-    `other` breaks the `other` category down by attribute name, largest first; `top` are the
+    `other` breaks the `other` category down by attribute name, largest first; `named` gives the
+    bytes of holders with a name of their own inside their category (`NAMED`), where any hold bytes;
+    `private_pools` the bytes reserved in CUDA-graph private pools and MemPools per device; `top` are the
     largest holders; `te_global` is TE's process-global memory (not in `total_bytes`, never
     cleared by the shim; None where present but not sizeable from Python); `memory` the process
     numbers now (empty until CUDA is initialised), `memory_before` those at the start of the offload
@@ -88,9 +96,11 @@ class ResidueReport:
     storages: int = 0
     by_category: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     other: dict[str, int] = field(default_factory=dict)
+    named: dict[str, int] = field(default_factory=dict)
     top: list[Holder] = field(default_factory=list)
     te_global: dict[str, int | None] = field(default_factory=dict)
     memory: list[DeviceMemory] = field(default_factory=list)
+    private_pools: dict[str, int] = field(default_factory=dict)
     memory_before: list[DeviceMemory] | None = None
     errors: list[str] = field(default_factory=list)
     caching_off: dict[str, int] = field(default_factory=dict)
@@ -106,6 +116,8 @@ class ResidueReport:
             parts[-1] += f" ({largest})"
         where = self.device_type or "device"
         line = f"left on {where}: {human_bytes(self.total_bytes)}" + (f" ({', '.join(parts)})" if parts else "")
+        if self.named:
+            line += "; of which " + ", ".join(f"{k} {human_bytes(v)}" for k, v in self.named.items())
         if self.caching_off:
             line += f"; FP8 weight caching off by configuration in {describe(self.caching_off)}"
         if self.te_global:
@@ -124,6 +136,9 @@ class ResidueReport:
                     f", driver used {_change(None if b is None else b.driver_used, m.driver_used)} "
                     f"free {human_bytes(m.driver_free)} of {human_bytes(m.driver_total)}"
                 )
+        if self.private_pools:
+            pools = ", ".join(f"{d} {human_bytes(n)}" for d, n in self.private_pools.items())
+            line += f"; private pools (CUDA graphs, MemPools): {pools}"
         if not self.memory:
             line += "; CUDA not initialised: no allocator numbers"
         if self.errors:
@@ -161,6 +176,10 @@ def residue(models: object, *, device_type: str | None = None, top: int = TOP) -
     except Exception as exc:
         report.errors.append(f"TE global: {type(exc).__name__}: {exc}")
     report.memory = device_memory(torch)
+    try:
+        report.private_pools = private_pools(torch)
+    except Exception as exc:
+        report.errors.append(f"private pools: {type(exc).__name__}: {exc}")
     return report
 
 
@@ -386,7 +405,9 @@ class _Walk:
         claimed: set[int] = set()
         holders: dict[tuple[int, str, str], list[Any]] = {}
         other: dict[str, int] = {}
+        named: dict[str, int] = {}
         for category in CATEGORIES:
+            own_names = NAMED.get(category, ())
             total = 0
             for node, attribute, key, t in self.found[category]:
                 try:
@@ -405,10 +426,15 @@ class _Walk:
                 if category == "other":
                     name = key or _label(attribute)
                     other[name] = other.get(name, 0) + size
+                elif own_names and type(attribute) is str:
+                    own = attribute.rpartition(".")[2]
+                    if own in own_names:
+                        named[own] = named.get(own, 0) + size
             report.by_category[category] = total
         report.storages = len(claimed)
         report.total_bytes = sum(report.by_category.values())
         report.other = dict(sorted(other.items(), key=lambda kv: -kv[1]))
+        report.named = named
         largest = heapq.nlargest(top, holders.values(), key=lambda s: s[3])
         report.top = [Holder(_path(node), _label(attribute), category, n) for node, attribute, category, n in largest]
         self.found.clear()

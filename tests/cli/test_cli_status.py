@@ -113,7 +113,7 @@ def test_status_human_output() -> None:
     assert table[0].split()[:4] == ["target", "present", "version", "supported"]
     assert any(line.split()[:9] == "verl yes 0.8.0 yes (>=0.4.0) no (from 0.9.0) yes".split() for line in table)
     assert any(line.split()[:3] == ["nemo-rl-0.3", "no", "-"] and line.endswith("yes") for line in table)
-    family = "nemo-rl, nemo-rl-0.5, nemo-rl-0.3 (its name-* variants included)"
+    family = "nemo-rl, nemo-rl-after-refit, nemo-rl-0.5, nemo-rl-0.3 (its name-* variants included)"
     assert f"  TE_OFFLOAD_SHIM_DISABLE=nemo-rl switches off: {family}" in lines
     starts = {line.index(line.split()[1]) for line in table}  # the second column starts at one offset
     assert len(starts) == 1, "the table is aligned"

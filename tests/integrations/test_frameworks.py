@@ -91,14 +91,14 @@ def test_nemo_rl_0_6_layout_and_0_4_layout() -> None:
     assert [events(), sum(v[0] for v in by_target().values()), w.cache_state(m3)["entries"]] == [[["flush", 0]], 1, 0]
     reset_stats()
 
-    # offload_after_refit: Megatron's buffer offload (params move) runs first, then offload_before_refit.
+    # offload_after_refit (an entry of its own): Megatron's buffer offload (params move) runs inside it
+    # first, then offload_before_refit; both find the chunk cleared by the outer call.
     m4, n4 = chunk()
     before4 = w.weights(m4)
     worker4 = mpw.MegatronPolicyWorkerImpl(m4, {"megatron_cfg": {}})
     worker4.offload_after_refit()
     assert events() == [["flush", 0]]
-    targets4 = by_target()
-    assert targets4["megatron-core"] == [1, n4] and targets4["nemo-rl"] == [1, 0]
+    assert by_target() == {"nemo-rl-after-refit": [1, n4]}
     worker4.move_model(worker4.model, "cuda")
     assert w.same_weights(before4, w.weights(m4))
     reset_stats()
@@ -108,6 +108,90 @@ def test_nemo_rl_0_6_layout_and_0_4_layout() -> None:
     assert events() == [["flush", 0]] and by_target() == {"nemo-rl-0.3": [1, n5]}
     found = states()
     assert found["nemo-rl"] == found["nemo-rl-0.3"] == "patched"
+
+
+def frozen_layer_chunk() -> tuple[Any, int, str]:
+    """A DDP chunk one of whose linears is frozen: its weight is outside every DDP buffer, so megatron-core's
+    buffer offload never clears that layer's cache (only a row that walks the whole model does)."""
+    from harness import megatron_world as w
+
+    model = w.build_gpt()
+    name, layer = w.linear_layers(model)[0]
+    for p in layer.parameters():
+        p.requires_grad = False
+    m = w.wrap_ddp(model)
+    return m, w.attach_fp8_caches(m), name
+
+
+@pytest.mark.parametrize("root", ["nemo_rl", "nemo_rl_pr2248"])
+@pytest.mark.subprocess()
+def test_nemo_rl_offload_after_refit_with_and_without_pr_2248(root: str) -> None:
+    """`offload_after_refit` calling `offload_before_refit` (the 0.6+ mirror) and inlining it (PR #2248's
+    head): cleared once, for the `nemo-rl-after-refit` entry, before the one flush. Its layer outside the
+    DDP buffers is cleared only by a row that walks the model: with the entry off, the 0.6+ layout still
+    has `nemo-rl` inside, PR #2248's has nothing. The opt-in clear is left alone with its reason."""
+    import os
+
+    import te_offload_shim  # noqa: F401  (installs, before the mirrors are imported)
+
+    use_mirrors(*([root] if root != "nemo_rl" else []))
+    from nemo_rl.models.policy.workers import megatron_policy_worker as mpw
+
+    from harness import megatron_world as w
+
+    inlined = root == "nemo_rl_pr2248"
+    assert ("nemo_rl_pr2248" in mpw.__file__) == inlined
+    calls_before_refit = []
+    real_before = mpw.MegatronPolicyWorkerImpl.offload_before_refit
+
+    def spy(self: Any) -> None:
+        calls_before_refit.append(1)
+        real_before(self)
+
+    m, n, _ = frozen_layer_chunk()
+    before = w.weights(m)
+    worker = mpw.MegatronPolicyWorkerImpl(m, {"megatron_cfg": {}})
+    worker.offload_before_refit = spy.__get__(worker)  # type: ignore[method-assign]  # observe the inner call only
+    worker.offload_after_refit()
+    assert calls_before_refit == ([] if inlined else [1]), "the mirror's layout"
+    assert events() == [["flush", 0]] and w.cache_state(m)["entries"] == 0, "every cache gone at the one flush"
+    assert by_target() == {"nemo-rl-after-refit": [1, n]}, "one clearing, for the outer entry, nothing twice"
+    worker.move_model(worker.model, "cuda")
+    assert w.same_weights(before, w.weights(m))
+    reset_stats()
+
+    os.environ["TE_OFFLOAD_SHIM_DISABLE"] = "nemo-rl-after-refit"  # read at each call
+    m2, n2, frozen2 = frozen_layer_chunk()
+    worker2 = mpw.MegatronPolicyWorkerImpl(m2, {"megatron_cfg": {}})
+    worker2.offload_after_refit()
+    left = 1 if inlined else 0  # the frozen layer's one entry
+    assert events() == [["flush", left]], "without the entry, PR #2248 leaves the frozen layer cached"
+    by_layer = {name: mod.__dict__.get("_fp8_workspaces") for name, mod in m2.named_modules()}
+    assert bool(by_layer[f"module.{frozen2}"]) == inlined
+    targets = by_target()
+    assert targets["megatron-core"][0] == 1 and sum(v[1] for v in targets.values()) == n2 - left
+    del os.environ["TE_OFFLOAD_SHIM_DISABLE"]
+    reset_stats()
+
+    m3, _, _ = frozen_layer_chunk()
+    opt_in = {"megatron_cfg": {"fp8_cfg": {"force_clear_fp8_caches": True}}}
+    mpw.MegatronPolicyWorkerImpl(m3, opt_in).offload_after_refit()
+    reason = "NeMo-RL fp8_cfg.force_clear_fp8_caches is on: it clears the caches itself"
+    assert events() == [["flush", 0]], "NeMo-RL's own clear empties every cache before its flush"
+    assert shim_stats()["left_alone"] == {"nemo-rl-after-refit": {reason: 1}}
+    assert list(by_target()) == ["megatron-core"], "the buffer offload inside still clears its layers, as before"
+    reset_stats()
+
+    # What the actor process runs: the @ray.remote subclass's modified class, holding Ray's by-value copy
+    # of the inherited method, which the shim's actor-class loader wraps there (as here, by hand).
+    from te_offload_shim.integrations import ray as ray_integration
+
+    actor_cls = mpw.MegatronPolicyWorker.__ray_metadata__.modified_class
+    assert ray_integration.patch_copies(actor_cls) >= 1
+    m4, n4, _ = frozen_layer_chunk()
+    actor_cls(m4, {"megatron_cfg": {}}).offload_after_refit()
+    assert events() == [["flush", 0]] and sum(v[1] for v in by_target().values()) == n4
+    assert states()["nemo-rl-after-refit"] == "patched"
 
 
 @pytest.mark.subprocess()

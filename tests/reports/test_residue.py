@@ -288,3 +288,81 @@ def test_real_verl_offload_residue_before_after_and_one_audit_line(
     del shimmed
     gc.collect()
     assert [r() for r in refs] == [None, None], "the audit keeps nothing alive"
+
+
+# TE's symmetric memory, by release: `symmetric_mem_cache` is in distributed.py of every wheel from 2.4
+# (not 2.1), `_SYMM_MEM_POOL` from 2.18, `release_symm_mem_pool()` from 2.19.
+SYMMETRIC = {"2.1.0": (False, False), "2.4.0": (True, False), "2.16.1": (True, False), "2.18.0": (True, True)}
+SYMMETRIC["2.20.2"] = (True, True)
+
+
+def _te_release(release: str) -> Any:
+    from harness import te_releases
+
+    if not te_releases.installed(release):
+        return pytest.mark.skip(reason=f"TE {release} not in {te_releases.folder(release)} (run scripts/setup-env.sh)")
+    return pytest.mark.subprocess()
+
+
+@pytest.mark.parametrize("release", [pytest.param(r, marks=_te_release(r)) for r in SYMMETRIC])
+def test_te_symmetric_memory_is_named_where_the_release_has_it(release: str) -> None:
+    """TE's own `transformer_engine.pytorch.distributed` from the release's wheel (harness/te_import.py):
+    its symmetric-memory cache and pool are named with their bytes, where the release has them."""
+    import sys
+
+    import torch
+
+    import te_offload_shim as shim
+    from harness import te_import
+
+    te_import.load(release)
+    import transformer_engine.pytorch.distributed  # noqa: F401  (TE's own module, as TE's layers import it)
+
+    te_dist = sys.modules["transformer_engine.pytorch.distributed"]
+    has_cache, has_pool = SYMMETRIC[release]
+    assert ["symmetric_mem_cache" in vars(te_dist), "_SYMM_MEM_POOL" in vars(te_dist)] == [has_cache, has_pool]
+    assert te_dist.__dict__.get("_SYMM_MEM_POOL") is None, "TE creates the pool on first use only"
+
+    class Pool:  # torch.cuda.MemPool needs a GPU: what the report reads of one, its snapshot()'s segments
+        def snapshot(self) -> list[dict[str, int]]:
+            return [{"total_size": 2 << 20}, {"total_size": 1 << 20}]
+
+    if has_cache:
+        te_dist.symmetric_mem_cache[(64, torch.float32, "cpu", None, None)] = torch.empty(64, dtype=torch.float32)
+    if has_pool:
+        te_dist._SYMM_MEM_POOL = Pool()  # type: ignore[attr-defined]  # TE's module: no types
+    found = shim.residue([torch.nn.Linear(2, 2)], device_type="cpu").te_global
+    assert [found.get("symmetric_mem_cache"), found.get("symm_mem_pool")] == [
+        64 * F32 if has_cache else None,
+        (3 << 20) if has_pool else None,
+    ]
+    if has_pool:
+        te_dist._SYMM_MEM_POOL = object()  # type: ignore[attr-defined]  # a pool whose segments cannot be read: present, size unknown
+        report = shim.residue([torch.nn.Linear(2, 2)], device_type="cpu")
+        assert "symm_mem_pool" in report.te_global and report.te_global["symm_mem_pool"] is None
+        assert "symm_mem_pool present" in report.summary()
+
+
+def test_private_pools_are_read_from_the_allocators_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments outside the default pool (CUDA graphs' private pools, MemPools) per device, from
+    `torch.cuda.memory_snapshot()`'s segment records (`device`, `segment_pool_id`, `total_size`), here
+    as torch writes them; read only where CUDA is initialised (no GPU here: the driver-visible figure
+    is a device run's)."""
+    import torch
+
+    import te_offload_shim as shim
+
+    assert shim.residue([torch.nn.Linear(2, 2)], device_type="cpu").private_pools == {}, "CUDA not started: none"
+    segments = [
+        {"device": 0, "segment_pool_id": (0, 0), "total_size": 20 << 20},  # the default pool: not counted
+        {"device": 0, "segment_pool_id": (1, 3), "total_size": 2 << 20},  # a graph's private pool
+        {"device": 0, "segment_pool_id": (0, 7), "total_size": 4 << 20},  # a MemPool
+        {"device": 1, "segment_pool_id": (1, 5), "total_size": 8 << 20},
+    ]
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda include_traces=True: segments)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # no allocator numbers to read
+    report = shim.residue([torch.nn.Linear(2, 2)], device_type="cpu")
+    assert report.private_pools == {"cuda:0": 6 << 20, "cuda:1": 8 << 20}
+    assert "private pools (CUDA graphs, MemPools): cuda:0 6.00 MiB, cuda:1 8.00 MiB" in report.summary()
+    assert report.as_dict()["private_pools"] == report.private_pools

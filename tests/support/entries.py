@@ -106,9 +106,9 @@ def _buffer_reload(module: ModuleType, made: Any, chunks: list) -> list:
 # --- NeMo-RL -------------------------------------------------------------------------------------
 
 
-def _nemo_rl_impl(fp8_cfg: dict | None = None) -> Call:
+def _nemo_rl_impl(fp8_cfg: dict | None = None, method: str = "offload_before_refit") -> Call:
     config = {"megatron_cfg": {} if fp8_cfg is None else {"fp8_cfg": fp8_cfg}}
-    return _method(lambda m, chunks: m.MegatronPolicyWorkerImpl(chunks[0], config), "offload_before_refit")
+    return _method(lambda m, chunks: m.MegatronPolicyWorkerImpl(chunks[0], config), method)
 
 
 def _nemo_rl_reload(module: ModuleType, worker: Any, chunks: list) -> list:
@@ -309,6 +309,15 @@ CASES: dict[str, Case] = {
             ),
         ),
         variants=(_nemo_rl_impl({"force_clear_fp8_caches": False}),),
+        reload=_nemo_rl_reload,
+    ),
+    # Through the 0.6+ mirror, where offload_after_refit still calls offload_before_refit (which then
+    # finds its chunk cleared); PR #2248's layout, and the opt-in clear's call (inside which megatron-core's
+    # buffer offload still clears, as it did before this entry), have a test of their own:
+    # tests/integrations/test_frameworks.py::test_nemo_rl_offload_after_refit_with_and_without_pr_2248.
+    "nemo-rl-after-refit": Case(
+        _nemo_rl_impl(method="offload_after_refit"),
+        variants=(_nemo_rl_impl({"force_clear_fp8_caches": False}, method="offload_after_refit"),),
         reload=_nemo_rl_reload,
     ),
     "nemo-rl-0.5": Case(_nemo_rl_remote, prepare=lambda: use_mirrors("nemo_rl_v0_5")),

@@ -1,0 +1,93 @@
+"""TE's re-creatable process-global memory, given back at an offload when asked
+(`TE_OFFLOAD_SHIM_TE_GLOBALS=1`; docs/residue.md has the decision, release by release).
+
+Given back: `_dummy_wgrads` (module/base.py; in the wheels from 2.4, not 2.1), the weight-sized
+placeholder gradients that TE's layers hand autograd when Megatron accumulates into `main_grad`
+(`fuse_wgrad_accumulation`), one per (shape, dtype). TE re-creates a missing one on demand
+(`get_dummy_wgrad`: `torch.empty`, then `fill_(0)` when the caller asks for zeros, which is all a
+caller is promised) and hands out a `.detach()` view, never the dict's own tensor; verl's
+`offload_megatron_optimizer` (0.7.1 - 0.9.1) clears the same dict. Popped, never resized: a tensor someone still holds
+(a `param.grad` before Megatron's hook drops it) stays valid and is freed with its last holder.
+
+Never given back where CUDA graphs may have captured it: a chunk of the call is graphed (the clearing
+skipped it), a stream is capturing, or the process holds CUDA-graph private pools (any graph, of any
+model: a global is not the chunk's).
+
+Not given back: the cuBLAS workspaces. TE 2.20 allocates them up front, outside any CUDA-graph pool,
+on purpose (module/linear.py `_prealloc_cublas_workspace`); TE 2.1 - 2.9 size the one workspace for
+userbuffers in `initialize_ub`, which a lazily re-created one would not be. Reported, not freed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from te_offload_shim._locks import Lock
+from te_offload_shim._log import human_bytes, log
+from te_offload_shim.te import sizes
+from te_offload_shim.te.graphs import private_pools
+from te_offload_shim.te.report import CacheReport
+
+TE_BASE = "transformer_engine.pytorch.module.base"
+DUMMY_WGRADS = "_dummy_wgrads"
+GRAPHED = "CUDA graphs: "  # how the clearing names a chunk it left for its graphs (te/caches.py)
+
+# Kept by importlib.reload of this module, like every counter of the package.
+_lock = globals().get("_lock") or Lock()
+_totals: dict[str, Any] = globals().get("_totals") or {"calls": 0, "entries": 0, "bytes": 0, "kept": {}}
+
+
+def totals() -> dict[str, Any]:
+    """What the offloads gave back so far: calls, entries, bytes, and `kept` {reason: calls}."""
+    with _lock:
+        return {**_totals, "kept": dict(_totals["kept"])}
+
+
+def reset() -> None:
+    with _lock:
+        _totals.update(calls=0, entries=0, bytes=0, kept={})
+
+
+def _why_kept(torch: Any, report: CacheReport) -> str | None:
+    if any(s.reason.startswith(GRAPHED) for s in report.skipped):
+        return "a chunk of this call is CUDA-graphed"
+    cuda = getattr(torch, "cuda", None)
+    if cuda is not None and cuda.is_initialized():
+        if cuda.is_current_stream_capturing():
+            return "a CUDA graph is being captured"
+        if private_pools(torch):
+            return "the process holds CUDA-graph private pools"
+    return None
+
+
+def give_back(report: CacheReport) -> None:
+    """After the clearing of one offload (`report`): pop TE's `_dummy_wgrads`, unless a CUDA graph may
+    hold them. Reads TE only from `sys.modules`; imports nothing."""
+    base = sys.modules.get(TE_BASE)
+    torch = sys.modules.get("torch")
+    held = vars(base).get(DUMMY_WGRADS) if base is not None else None
+    if torch is None or type(held) is not dict or not held:
+        return
+    reason = _why_kept(torch, report)
+    if reason is not None:
+        with _lock:
+            _totals["kept"][reason] = _totals["kept"].get(reason, 0) + 1
+        return
+    nbytes = sum(sizes.storages(list(held.values()), torch).values())
+    entries = 0
+    for key in list(held):
+        if held.pop(key, None) is not None:
+            entries += 1
+    with _lock:
+        first = _totals["calls"] == 0
+        _totals["calls"] += 1
+        _totals["entries"] += entries
+        _totals["bytes"] += nbytes
+    log(
+        20 if first else 10,
+        "te_offload_shim: gave back TE's %s: %d tensors, %s",
+        DUMMY_WGRADS,
+        entries,
+        human_bytes(nbytes),
+    )
