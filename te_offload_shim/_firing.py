@@ -79,6 +79,7 @@ class SpecWatch(_ModuleSpec):  # type: ignore[valid-type,misc]
         self.__dict__["_initializing"] = value
         if value:
             return
+        held = self.__dict__.pop(_HELD, None)
         try:
             self.__class__ = _ModuleSpec  # type: ignore[assignment]
             module = sys.modules.get(self.name)
@@ -86,7 +87,16 @@ class SpecWatch(_ModuleSpec):  # type: ignore[valid-type,misc]
                 finished(self.name)  # a failed import left no module: nothing runs
             sweep()
         except Exception as exc:
+            if _from_signal_handler(exc):
+                raise
             report(self.name, exc)
+        if held is not None:
+            raise held  # see ChainedLoader.exec_module
+
+
+# Where a chained loader leaves the exception of the application's signal handler for the end of
+# the import (a key of the spec's __dict__ no attribute of the import system uses).
+_HELD = "_te_offload_shim_raise"
 
 
 class _Chained:
@@ -120,7 +130,20 @@ class ChainedLoader(_Chained):
             except Exception:
                 pass
         self._loader.exec_module(module)
-        fire(self._name, module)
+        try:
+            fire(self._name, module)
+        except Exception as exc:  # only the application's own signal handler's exception gets here
+            # The module's body has run: without the shim the exception would have reached the
+            # application after this import. Raised here, it would make the import fail and the
+            # module go; so it is raised at the import's very end, the module loaded (and its
+            # callbacks due again), from `_initializing = False`. Where the spec cannot be tagged,
+            # it is raised now.
+            if spec is None or type(spec) is not _ModuleSpec:
+                raise
+            tag(spec)
+            if type(spec) is not SpecWatch:
+                raise
+            spec.__dict__[_HELD] = exc
 
 
 class ChainedLegacyLoader(_Chained):
@@ -147,10 +170,7 @@ def arrived(name: str, callback: "Callback") -> None:
     if _thread.get_ident() in _watcher.firing:
         return  # install() from inside a callback: the sweep after it runs this one
     if len(_watcher.callbacks.get(name, ())) == 1:
-        try:
-            _watcher.fired[name] = _weakref.ref(module)
-        except TypeError:
-            pass
+        _watcher.mark_fired(name, module)
     _run(name, module, (callback,))
 
 
@@ -161,10 +181,7 @@ def fire(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...] | Non
     with _watcher.lock:
         if callbacks is None:
             callbacks = _watcher.callbacks.get(name, ())
-        try:
-            _watcher.fired[name] = _weakref.ref(module)
-        except TypeError:  # a module type without weak references: remember nothing, fire anyway
-            _watcher.fired.pop(name, None)
+        _watcher.mark_fired(name, module)
     _run(name, module, callbacks)
 
 
@@ -196,23 +213,21 @@ def sweep(retry: bool = True, occasion: bool = False) -> None:
     calls it too, as a new `occasion`), and retry callbacks that raised, if an import began since
     (`retry`)."""
     if occasion:
-        _watcher.generation += 1
+        _watcher.new_occasion()
     for name, module in _watcher.loaded_unseen():
         if not (_due(name) if retry else name not in _watcher.failures):
             continue
         try:
             fire(name, module, _pending(name, module))
         except Exception as exc:
+            if _from_signal_handler(exc):
+                raise
             report(name, exc)
 
 
 def unwatch_all() -> None:
     """Drop every callback and take the finder off the meta path."""
-    with _watcher.lock:
-        _watcher.callbacks.clear()
-        _watcher.fired.clear()
-        _watcher.failures.clear()
-        sys.meta_path = [f for f in sys.meta_path if f is not _watcher]
+    _watcher.stop()
 
 
 def report(name: str, exc: BaseException) -> None:
@@ -222,6 +237,16 @@ def report(name: str, exc: BaseException) -> None:
         (_watcher.on_error or _hook_error)(name, exc)
     except Exception:
         pass
+
+
+def _from_signal_handler(exc: BaseException) -> bool:
+    """Whether `exc` is the application's own, raised by its signal handler while a callback ran:
+    it goes on to the application instead of being taken for the callback's failure."""
+    try:  # loaded as this module is (by hand), an import here being what may have been interrupted
+        signals = _shim._load_firing("te_offload_shim._signals")
+    except Exception:  # a broken install: a failure of the callback, as before
+        return False
+    return bool(signals.raised_by_signal_handler(exc))
 
 
 def _hook_error(module: str, exc: BaseException) -> None:
@@ -277,8 +302,7 @@ def _pending(name: str, module: object) -> "tuple[Callback, ...] | None":
 
 
 def _run(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]") -> None:
-    thread = _thread.get_ident()
-    _watcher.firing[thread] = name
+    thread = _watcher.begin_firing(name)
     failed: list[tuple[Callback, BaseException]] = []
     index = 0
     try:
@@ -286,21 +310,23 @@ def _run(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]") -> 
             try:
                 callbacks[index](module)
             except Exception as exc:  # never let a hook fail the target's import
+                if _from_signal_handler(exc):
+                    raise  # the application's, on its way to it (below); still due again, as below
                 failed.append((callbacks[index], exc))
                 report(name, exc)
             index += 1
-    except BaseException as exc:  # KeyboardInterrupt, SystemExit: the rest did not run; on its way
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit, the above: the rest did not run; on its way
         failed += [(c, exc) for c in callbacks[index:]]
         raise
     finally:
-        _watcher.firing.pop(thread, None)
+        _watcher.end_firing(thread)
         _settle(name, module, failed)
     sweep(retry=False)  # what came due meanwhile
 
 
 def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseException]]") -> None:
     # Runs in a `finally`: never raises.
-    earlier = _watcher.failures.pop(name, None)
+    earlier = _watcher.take_failure(name)
     if not failed:
         return
     attempts = earlier.attempts + 1 if earlier is not None and earlier.module() is module else 1
@@ -310,8 +336,8 @@ def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseE
         ref = lambda: module  # noqa: E731  (a module type without weak references)
     failure = Failure(_describe(failed[-1][1]), attempts, tuple(c for c, _ in failed), ref)
     if failure.retried and _watcher.fired_for(name, module):
-        _watcher.fired.pop(name, None)  # due again: loaded_unseen() hands it to a later sweep
-    _watcher.failures[name] = failure
+        _watcher.due_again(name)  # loaded_unseen() hands it to a later sweep
+    _watcher.note_failure(name, failure)
 
 
 def failures() -> "dict[str, tuple[str, int, bool]]":

@@ -11,13 +11,12 @@ import logging
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
+from te_offload_shim._reload import kept
 
 logger = logging.getLogger("te_offload_shim")
 
-# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
-# the state below outlives it, or uninstall() and status() would lose what was patched.
-_warned: set[str] = globals().get("_warned", set())
-_lock = globals().get("_lock") or Lock()
+_warned: set[str] = kept(globals(), "_warned", set)  # the state of this module outlives a reload
+_lock = kept(globals(), "_lock", Lock)
 
 
 def log(level: int, message: str, *args: object) -> None:
