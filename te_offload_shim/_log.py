@@ -12,6 +12,7 @@ import logging
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._reload import kept
+from te_offload_shim._signals import raised_by_signal_handler
 
 logger = logging.getLogger("te_offload_shim")
 
@@ -23,8 +24,9 @@ def log(level: int, message: str, *args: object) -> None:
     """`logger.log`, except that nothing a handler does can raise out of it."""
     try:
         logger.log(level, message, *args)
-    except Exception:  # the application's logging is not ours to break, nor to let break us
-        pass
+    except Exception as exc:  # the application's logging is not ours to break, nor to let break us
+        if raised_by_signal_handler(exc):
+            raise  # but its signal handler's exception is its own, on its way to it
 
 
 def warn_once(key: str, message: str, *args: object) -> bool:

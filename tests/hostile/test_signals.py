@@ -1,0 +1,169 @@
+"""A signal during an offload: the shim neither deadlocks the process nor swallows what the
+application's handler raises (issue 27, finding 1).
+
+CPython runs a Python signal handler between bytecodes of the main thread, wherever it is: inside
+the shim's clearing, its counting, a lock of its. Without the shim each scenario here finishes; a
+lock taken and released in Python code was left held by a handler's KeyboardInterrupt (every later
+offload waited forever), and a handler that offloads or calls `stats()` waited on a lock its own
+thread held. A hang fails the test: faulthandler ends the child with its traceback.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile_util import cached_layer, write_module
+
+TARGET = "sig_target:offload"
+PLAIN = "CALLS = []\n\ndef offload(models):\n    CALLS.append(1)\n    return 'offloaded'\n"
+OFFLOADS = 30_000
+
+
+def _hang_fails(seconds: int) -> None:
+    """A deadlock ends this interpreter with every thread's traceback instead of hanging CI."""
+    import faulthandler
+
+    faulthandler.dump_traceback_later(seconds, exit=True)
+
+
+def _timer(interval: float) -> None:
+    signal.setitimer(signal.ITIMER_REAL, interval, interval)
+
+
+def _stop_timer() -> None:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no interval timer on this platform")
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": TARGET}, timeout=120)
+def test_keyboard_interrupts_during_offloads_leave_no_lock_held(tmp_path: Path) -> None:
+    """Ctrl-C (or `ray.cancel`) from a timer during 30,000 offloads, each caught by the application,
+    which goes on: every offload after the last interrupt still runs, and clears."""
+    import te_offload_shim as shim
+    from te_offload_shim import _locks
+
+    write_module(tmp_path, "sig_target", PLAIN)
+    import sig_target  # type: ignore[import-not-found]
+
+    layer = cached_layer()
+    armed = [False]
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    _hang_fails(60)
+    signal.signal(signal.SIGALRM, interrupt)
+    interrupted = done = 0
+    _timer(0.00005)
+    try:
+        while done < OFFLOADS:
+            try:
+                armed[0] = True
+                while done < OFFLOADS:
+                    sig_target.offload([layer])
+                    done += 1
+            except KeyboardInterrupt:
+                interrupted += 1
+                done += 1
+    finally:
+        _stop_timer()
+    assert interrupted > 50, f"only {interrupted} interrupts landed: the scenario did not happen"
+    assert not _locks.held_here(), "an interrupt left a lock of the package held"
+    layer = cached_layer()
+    assert sig_target.offload([layer]) == "offloaded"
+    assert layer._fp8_workspaces == {}, "the offload after the interrupts clears"
+    assert shim.stats()["calls"] >= OFFLOADS - interrupted
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no interval timer on this platform")
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": TARGET}, timeout=120)
+def test_a_signal_handler_that_offloads_or_asks_for_stats_never_waits_on_the_shim(tmp_path: Path) -> None:
+    """A handler that offloads (a preemption notice) and one that calls `stats()` and `status()`
+    (a SIGUSR1 "dump"), landing anywhere in the main thread's offloads: all of them finish, and the
+    handler's offloads run the original every time."""
+    import te_offload_shim as shim
+
+    write_module(tmp_path, "sig_target", PLAIN)
+    import sig_target  # type: ignore[import-not-found]
+
+    layer, other = cached_layer(), cached_layer()
+    results: list[object] = []
+
+    running: list[int] = []
+
+    def preempted(signum: int, frame: Any) -> None:
+        if running:  # the timer outruns the handler: a handler of the application is not re-entrant
+            return
+        running.append(1)
+        results.append(sig_target.offload([other]))
+        results.append(shim.stats()["calls"])
+        if len(results) % 64 == 0:
+            results.append(len(shim.status()["targets"]))
+        running.pop()
+
+    shim.stats(), shim.status()  # what they import lazily is imported: the handler only reads
+    _hang_fails(60)
+    signal.signal(signal.SIGALRM, preempted)
+    _timer(0.0002)
+    try:
+        for _ in range(OFFLOADS // 3):
+            assert sig_target.offload([layer]) == "offloaded"
+    finally:
+        _stop_timer()
+    handled = results.count("offloaded")
+    assert handled > 20, f"only {handled} handler offloads: the scenario did not happen"
+    assert len(sig_target.CALLS) == OFFLOADS // 3 + handled, "every offload, the handler's too, ran the original"
+
+
+class StepTimeout(Exception):
+    """What the application's SIGALRM handler raises: a step that took too long."""
+
+
+ENGINE = """\
+import signal
+
+ALARMS = [1]  # one alarm, at the first offload
+
+class Engine:
+    def __init__(self):
+        self.calls = 0
+
+    def get_models(self):
+        if ALARMS:
+            ALARMS.pop()
+            signal.raise_signal(signal.SIGALRM)  # the alarm goes off while the shim locates the models
+        return []
+
+    def offload(self):
+        self.calls += 1
+        return "offloaded"
+"""
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "sig_engine:Engine.offload@self.get_models()"})
+def test_a_timeout_raised_by_the_applications_signal_handler_during_clearing_reaches_it(tmp_path: Path) -> None:
+    """A failure of the shim's clearing is swallowed (the offload goes on); the application's own
+    timeout, raised by its handler while the clearing runs, is not the shim's to swallow."""
+    import te_offload_shim as shim
+
+    write_module(tmp_path, "sig_engine", ENGINE)
+    import sig_engine  # type: ignore[import-not-found]
+
+    def timeout(signum: int, frame: Any) -> None:
+        raise StepTimeout("step 7 took too long")
+
+    signal.signal(signal.SIGALRM, timeout)
+    engine = sig_engine.Engine()
+    try:
+        with pytest.raises(StepTimeout, match="step 7"):
+            engine.offload()
+    finally:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    assert shim.stats()["errors"] == 0, "the application's timeout counted as a failure of the shim"
+    assert engine.offload() == "offloaded", "the next offload, without an alarm, runs as before"
