@@ -167,3 +167,53 @@ def test_a_timeout_raised_by_the_applications_signal_handler_during_clearing_rea
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
     assert shim.stats()["errors"] == 0, "the application's timeout counted as a failure of the shim"
     assert engine.offload() == "offloaded", "the next offload, without an alarm, runs as before"
+
+
+class _AlarmAtOurImport:
+    """A meta path finder that, once armed, sets off SIGALRM when a module of the shim not loaded
+    yet is imported: the alarm goes off while the shim's post-import callback loads the patcher."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        import sys
+
+        if self.armed and fullname.startswith("te_offload_shim.") and fullname not in sys.modules:
+            self.armed = False
+            signal.raise_signal(signal.SIGALRM)
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "alarmed_target:offload"})
+def test_a_timeout_raised_by_the_applications_signal_handler_in_the_import_callback_reaches_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 27, finding 6: the import raises the application's timeout (the module loaded, its
+    body run once), and the callback runs again at the next sweep (here `status()`)."""
+    import sys
+
+    import te_offload_shim as shim
+
+    write_module(tmp_path, "alarmed_target", "BODY_RUNS = [1]\n\ndef offload(models):\n    return 'offloaded'\n")
+    shim.status()  # the reports are loaded; the patcher is not, yet
+    alarm = _AlarmAtOurImport()
+    sys.meta_path.insert(0, alarm)  # ours moves back in front of it; the path finder stays behind it
+
+    def timeout(signum: int, frame: Any) -> None:
+        raise StepTimeout("the import took too long")
+
+    signal.signal(signal.SIGALRM, timeout)
+    alarm.armed = True
+    try:
+        with pytest.raises(StepTimeout, match="too long"):
+            import alarmed_target  # type: ignore[import-not-found]  # noqa: F401
+    finally:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    assert not alarm.armed, "the alarm went off inside the callback"
+    module = sys.modules.get("alarmed_target")
+    assert module is not None and module.BODY_RUNS == [1], "the module stays loaded, its body run once"
+    rows = [r for r in shim.status()["targets"] if r["name"] == "alarmed_target:offload"]  # the next sweep
+    assert [(r["state"], r["layers"]) for r in rows] == [("patched", 1)], rows
+    layer = cached_layer()
+    assert module.offload([layer]) == "offloaded"
+    assert layer._fp8_workspaces == {}
