@@ -511,12 +511,20 @@ def _after_fork_in_child() -> None:
     watcher = _watcher
     watcher.lock = _thread.RLock()
     me = _thread.get_ident()
-    for thread, name in list(watcher.firing.items()):
-        ref = watcher.fired.pop(name, None) if thread != me else None
+    gone = {t: n for t, n in watcher.firing.items() if t != me}
+    for name in gone.values():
+        ref = watcher.fired.pop(name, None)
         if ref is not None:
             watcher.cut_short[name] = ref
     watcher.firing = {t: n for t, n in watcher.firing.items() if t == me}
     watcher.searching = {key for key in watcher.searching if key[0] == me}
+    # Imports in flight at the fork: the import system copies their module locks as they are, held
+    # by threads gone with it. `_firing` frees those of the shim's own (`free_imports_cut_short`).
+    if getattr(_bootstrap, "_module_locks", None):
+        try:
+            _load_firing().free_imports_cut_short(me, gone)
+        except Exception:  # the child goes on as it would have
+            pass
 
 
 if hasattr(os, "register_at_fork") and not _reloading:  # POSIX only; once (the handler reads the globals)

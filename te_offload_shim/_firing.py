@@ -340,6 +340,65 @@ def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseE
     _watcher.note_failure(name, failure)
 
 
+def free_imports_cut_short(me: int, gone: "dict[int, str]") -> None:
+    """In a forked child: free the imports of the shim's that threads gone with the fork left half
+    done. `gone`: thread -> the watched module whose callbacks it was running.
+
+    `os.fork()` copies `importlib._bootstrap._module_locks` as they are, so a module another thread
+    was importing stays locked, by a thread that does not exist here, and the next import of it
+    waits forever. Freed, for the thread that owned the lock:
+    - the shim's own modules still executing: dropped from sys.modules, so the child loads them
+      afresh (their half-run bodies are of no use);
+    - a watched module whose callbacks that thread was running: its body had run (callbacks run
+      after it), so its import is marked finished, as the thread would have; its callbacks are due
+      again (`_Watcher.cut_short`);
+    - any module that thread began importing after it (what the callbacks imported: wrapt, the
+      engine): dropped like ours.
+    The application's own imports in flight that led there are left as they are, as without the
+    shim."""
+    locks = getattr(_bootstrap, "_module_locks", None)
+    if not locks:
+        return
+    ours = _shim.__name__ + "."
+    held = {}
+    for name, ref in list(locks.items()):
+        owner = getattr(ref(), "owner", None)
+        if owner is not None and owner != me:
+            held[name] = (owner, ref)
+    # a thread whose callbacks ran for a module already loaded (no lock of it held): all it holds
+    # was imported from inside them
+    inside = {t for t, name in gone.items() if held.get(name, (None,))[0] != t}
+    for name, (owner, ref) in held.items():
+        if gone.get(owner) == name:
+            _finish_cut_short(name)
+            inside.add(owner)
+        elif name.startswith(ours) or owner in inside:
+            module = sys.modules.get(name)
+            if module is not None and _module_state(module)[1]:
+                del sys.modules[name]
+        else:
+            continue
+        if locks.get(name) is ref:
+            del locks[name]  # the next import of it makes a new lock
+
+
+def _finish_cut_short(name: str) -> None:
+    # What the import system does at the end of an import the fork cut short: the spec says
+    # "finished" (written to its namespace, past a tag's setter), and the parent package holds it.
+    module = sys.modules.get(name)
+    d = _shim._module_namespace(module)
+    spec = d.get("__spec__") if d is not None else None
+    if spec is None:
+        return
+    if type(spec) is SpecWatch:
+        spec.__class__ = _ModuleSpec
+    vars(spec)["_initializing"] = False
+    parent, _, child = name.rpartition(".")
+    namespace = _shim._module_namespace(sys.modules.get(parent)) if parent else None
+    if namespace is not None and child not in namespace:
+        namespace[child] = module
+
+
 def failures() -> "dict[str, tuple[str, int, bool]]":
     """module -> (why its callbacks raised, attempts, whether they run again), for `status()`."""
     return {name: (f.why, f.attempts, f.retried) for name, f in list(_watcher.failures.items())}
