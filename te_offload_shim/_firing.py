@@ -304,24 +304,34 @@ def _pending(name: str, module: object) -> "tuple[Callback, ...] | None":
 def _run(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]") -> None:
     thread = _watcher.begin_firing(name)
     failed: list[tuple[Callback, BaseException]] = []
-    index = 0
+    ran = [0]  # how many of them ran: what is left when something is on its way out
     try:
-        while index < len(callbacks):
-            try:
-                callbacks[index](module)
-            except Exception as exc:  # never let a hook fail the target's import
-                if _from_signal_handler(exc):
-                    raise  # the application's, on its way to it (below); still due again, as below
-                failed.append((callbacks[index], exc))
-                report(name, exc)
-            index += 1
-    except BaseException as exc:  # KeyboardInterrupt, SystemExit, the above: the rest did not run; on its way
-        failed += [(c, exc) for c in callbacks[index:]]
+        _call_each(name, module, callbacks, failed, ran)
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit, a signal handler's: on its way
+        failed += [(c, exc) for c in callbacks[ran[0] :]]
         raise
     finally:
         _watcher.end_firing(thread)
         _settle(name, module, failed)
     sweep(retry=False)  # what came due meanwhile
+
+
+def _call_each(
+    name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]", failed: "list[Any]", ran: "list[int]"
+) -> None:
+    # The loop lives here, not inside `_run`'s `try`: on CPython 3.11 - 3.13 an exception that a
+    # signal handler raises at a loop's back-edge can miss the handlers of a `try` in the same frame
+    # (python/cpython#108214, #130279), and the `finally` that ends the firing would not run. Raised
+    # in this frame, it reaches `_run`'s `try` through the call, which it covers.
+    for callback in callbacks:
+        try:
+            callback(module)
+        except Exception as exc:  # never let a hook fail the target's import
+            if _from_signal_handler(exc):
+                raise  # the application's, on its way to it; still due again (`_run`)
+            failed.append((callback, exc))
+            report(name, exc)
+        ran[0] += 1
 
 
 def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseException]]") -> None:
