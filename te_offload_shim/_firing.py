@@ -401,7 +401,7 @@ def _finish_cut_short(name: str) -> None:
     if spec is None:
         return
     if type(spec) is SpecWatch:
-        spec.__class__ = _ModuleSpec
+        spec.__class__ = _ModuleSpec  # type: ignore[assignment]
     vars(spec)["_initializing"] = False
     parent, _, child = name.rpartition(".")
     namespace = _shim._module_namespace(sys.modules.get(parent)) if parent else None

@@ -8,12 +8,17 @@ shim's fail-open paths, which catch `Exception`, hand such an exception on uncha
 taking it for a failure of their own. It is recognised by the handler's frame in its traceback: the
 code of a handler `signal.getsignal` returns now.
 
-Reads only `_signal`, which every interpreter has loaded at start; imports nothing.
+Reads only `_signal`, which every interpreter has loaded at start. `_firing` loads this module by
+hand where an import may be what a signal interrupted, so, like it, its body imports only what
+every interpreter has loaded before it runs.
 """
 
-from __future__ import annotations
-
 import sys
+
+TYPE_CHECKING = False
+
+if TYPE_CHECKING:
+    from types import TracebackType
 
 
 def raised_by_signal_handler(exc: BaseException) -> bool:
@@ -30,7 +35,7 @@ def raised_by_signal_handler(exc: BaseException) -> bool:
             code = getattr(handler, "__code__", None)
             if code is not None:
                 codes.add(code)
-        tb = exc.__traceback__
+        tb: TracebackType | None = exc.__traceback__
         while tb is not None:
             if tb.tb_frame.f_code in codes:
                 return True

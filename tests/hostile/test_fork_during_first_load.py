@@ -41,7 +41,7 @@ class _HoldImport:
         self.armed = False
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         assert spec is not None and spec.loader is not None
-        spec.loader = _HoldingLoader(spec.loader, self)
+        spec.loader = _HoldingLoader(spec.loader, self)  # type: ignore[assignment]
         return spec
 
 
@@ -76,7 +76,7 @@ def test_a_child_forked_while_a_thread_loads_the_engine_imports_and_patches_its_
     loader = threading.Thread(target=importlib.import_module, args=("first_load_target",))
     loader.start()
     assert hold.entered.wait(30), "the worker thread's first target import is loading the engine"
-    assert sys.modules["te_offload_shim.engine.patch"].__spec__._initializing
+    assert sys.modules["te_offload_shim.engine.patch"].__spec__._initializing  # type: ignore[union-attr]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork() with threads running
         pid = os.fork()

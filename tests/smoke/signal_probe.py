@@ -42,7 +42,7 @@ def main() -> None:
             counter[0] += 1
             len(counter)
 
-    lock_left_held = _interrupted(locked_step, armed, 1e-5, lambda: lock._is_owned())
+    lock_left_held = _interrupted(locked_step, armed, 1e-5, lambda: lock._is_owned())  # type: ignore[attr-defined]
     smoke_target.offload([])
     started = time.perf_counter()
     smoke_target.offload([])
