@@ -1,6 +1,6 @@
 """The fresh interpreter of the smoke test of signals: on this Python, a `with` on a lock of the
 package is never left held by a signal handler's exception (CPython enters and exits the raw lock in
-C; bpo-29988 is about the window between), and 20,000 offloads interrupted at random points by
+C; bpo-29988 is about the window between), and 10,000 offloads interrupted at random points by
 KeyboardInterrupts leave every lock of the package free. Prints one JSON line.
 
     python tests/smoke/signal_probe.py
@@ -17,11 +17,11 @@ import threading
 import time
 from typing import Any
 
-OFFLOADS = 20_000
+OFFLOADS = 10_000
 
 
 def main() -> None:
-    faulthandler.dump_traceback_later(60, exit=True)  # a hang ends the probe with its traceback
+    faulthandler.dump_traceback_later(50, exit=True)  # a hang ends the probe with its traceback
     import smoke_target
 
     import te_offload_shim as shim
@@ -108,7 +108,7 @@ def _free(lock: Any) -> bool:
             taken.set()
 
     threading.Thread(target=take, daemon=True).start()
-    return taken.wait(5)
+    return taken.wait(30)
 
 
 if __name__ == "__main__":
