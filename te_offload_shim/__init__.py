@@ -22,6 +22,7 @@ defined in `te_offload_shim.api` and exported here.
 import _frozen_importlib as _bootstrap  # importlib._bootstrap, loaded in every interpreter (even under -S)
 import _frozen_importlib_external as _bootstrap_external
 import _thread
+import _weakref
 import os
 import sys
 
@@ -375,6 +376,43 @@ class _Watcher:
     def fired_for(self, name: str, module: object) -> bool:
         return _same(self.fired, name, module)
 
+    # What `_firing` does to the watcher's state, each as one method: the state has one owner.
+
+    def mark_fired(self, name: str, module: object) -> None:
+        # `name`'s callbacks run (or ran) for this very module object; a module type without weak
+        # references is remembered as nothing, and fires anyway.
+        try:
+            self.fired[name] = _weakref.ref(module)
+        except TypeError:
+            self.fired.pop(name, None)
+
+    def due_again(self, name: str) -> None:
+        # Its callbacks run again for the module now in sys.modules (`loaded_unseen` hands it on).
+        self.fired.pop(name, None)
+
+    def begin_firing(self, name: str) -> int:
+        thread = _thread.get_ident()
+        self.firing[thread] = name
+        return thread
+
+    def end_firing(self, thread: int) -> None:
+        self.firing.pop(thread, None)
+
+    def note_failure(self, name: str, failure: "Any") -> None:
+        self.failures[name] = failure
+
+    def take_failure(self, name: str) -> "Any":
+        return self.failures.pop(name, None)
+
+    def new_occasion(self) -> None:
+        self.generation += 1
+
+    def stop(self) -> None:
+        # No callbacks, nothing remembered, off the meta path (replaced, not edited: see above).
+        with self.lock:
+            self.callbacks, self.fired, self.failures = {}, {}, {}
+            sys.meta_path = [f for f in sys.meta_path if f is not self]
+
 
 def _same(refs: "dict[str, Any]", name: str, module: object) -> bool:
     ref = refs.get(name)
@@ -423,18 +461,19 @@ def _failed(name: str, exc: BaseException) -> None:
         _hook_errors.append(error)
 
 
-def _load_firing() -> "Any":
-    # `_firing`, loaded without an import statement, which would take its module lock (see above).
-    # Two threads racing here outside find_spec may each build one; the first in sys.modules is
-    # kept, and the other is as good (all state lives in `_watcher`).
-    module = sys.modules.get(_FIRING)
+def _load_firing(name: str = _FIRING) -> "Any":
+    # `_firing` (or a ground module it needs, standard library only), loaded without an import
+    # statement, which would take its module lock (see above), nor the meta path. Two threads
+    # racing here outside find_spec may each build one; the first in sys.modules is kept, and the
+    # other is as good (all state lives in `_watcher`).
+    module = sys.modules.get(name)
     if module is None:
-        spec = _bootstrap_external.PathFinder.find_spec(_FIRING, __path__)
+        spec = _bootstrap_external.PathFinder.find_spec(name, __path__)
         if spec is None or spec.loader is None:
-            raise ImportError(f"{_FIRING} not found in {__path__}")
+            raise ImportError(f"{name} not found in {__path__}")
         module = _bootstrap.module_from_spec(spec)  # type: ignore[attr-defined]
         spec.loader.exec_module(module)
-        module = sys.modules.setdefault(_FIRING, module)
+        module = sys.modules.setdefault(name, module)
     return module
 
 
@@ -475,12 +514,20 @@ def _after_fork_in_child() -> None:
     watcher = _watcher
     watcher.lock = _thread.RLock()
     me = _thread.get_ident()
-    for thread, name in list(watcher.firing.items()):
-        ref = watcher.fired.pop(name, None) if thread != me else None
+    gone = {t: n for t, n in watcher.firing.items() if t != me}
+    for name in gone.values():
+        ref = watcher.fired.pop(name, None)
         if ref is not None:
             watcher.cut_short[name] = ref
     watcher.firing = {t: n for t, n in watcher.firing.items() if t == me}
     watcher.searching = {key for key in watcher.searching if key[0] == me}
+    # Imports in flight at the fork: the import system copies their module locks as they are, held
+    # by threads gone with it. `_firing` frees those of the shim's own (`free_imports_cut_short`).
+    if getattr(_bootstrap, "_module_locks", None):
+        try:
+            _load_firing().free_imports_cut_short(me, gone)
+        except Exception:  # the child goes on as it would have
+            pass
 
 
 if hasattr(os, "register_at_fork") and not _reloading:  # POSIX only; once (the handler reads the globals)

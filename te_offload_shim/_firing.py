@@ -79,6 +79,7 @@ class SpecWatch(_ModuleSpec):  # type: ignore[valid-type,misc]
         self.__dict__["_initializing"] = value
         if value:
             return
+        held = self.__dict__.pop(_HELD, None)
         try:
             self.__class__ = _ModuleSpec  # type: ignore[assignment]
             module = sys.modules.get(self.name)
@@ -86,7 +87,16 @@ class SpecWatch(_ModuleSpec):  # type: ignore[valid-type,misc]
                 finished(self.name)  # a failed import left no module: nothing runs
             sweep()
         except Exception as exc:
+            if _from_signal_handler(exc):
+                raise
             report(self.name, exc)
+        if held is not None:
+            raise held  # see ChainedLoader.exec_module
+
+
+# Where a chained loader leaves the exception of the application's signal handler for the end of
+# the import (a key of the spec's __dict__ no attribute of the import system uses).
+_HELD = "_te_offload_shim_raise"
 
 
 class _Chained:
@@ -120,7 +130,20 @@ class ChainedLoader(_Chained):
             except Exception:
                 pass
         self._loader.exec_module(module)
-        fire(self._name, module)
+        try:
+            fire(self._name, module)
+        except Exception as exc:  # only the application's own signal handler's exception gets here
+            # The module's body has run: without the shim the exception would have reached the
+            # application after this import. Raised here, it would make the import fail and the
+            # module go; so it is raised at the import's very end, the module loaded (and its
+            # callbacks due again), from `_initializing = False`. Where the spec cannot be tagged,
+            # it is raised now.
+            if spec is None or type(spec) is not _ModuleSpec:
+                raise
+            tag(spec)
+            if type(spec) is not SpecWatch:
+                raise
+            spec.__dict__[_HELD] = exc
 
 
 class ChainedLegacyLoader(_Chained):
@@ -147,10 +170,7 @@ def arrived(name: str, callback: "Callback") -> None:
     if _thread.get_ident() in _watcher.firing:
         return  # install() from inside a callback: the sweep after it runs this one
     if len(_watcher.callbacks.get(name, ())) == 1:
-        try:
-            _watcher.fired[name] = _weakref.ref(module)
-        except TypeError:
-            pass
+        _watcher.mark_fired(name, module)
     _run(name, module, (callback,))
 
 
@@ -161,10 +181,7 @@ def fire(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...] | Non
     with _watcher.lock:
         if callbacks is None:
             callbacks = _watcher.callbacks.get(name, ())
-        try:
-            _watcher.fired[name] = _weakref.ref(module)
-        except TypeError:  # a module type without weak references: remember nothing, fire anyway
-            _watcher.fired.pop(name, None)
+        _watcher.mark_fired(name, module)
     _run(name, module, callbacks)
 
 
@@ -196,23 +213,21 @@ def sweep(retry: bool = True, occasion: bool = False) -> None:
     calls it too, as a new `occasion`), and retry callbacks that raised, if an import began since
     (`retry`)."""
     if occasion:
-        _watcher.generation += 1
+        _watcher.new_occasion()
     for name, module in _watcher.loaded_unseen():
         if not (_due(name) if retry else name not in _watcher.failures):
             continue
         try:
             fire(name, module, _pending(name, module))
         except Exception as exc:
+            if _from_signal_handler(exc):
+                raise
             report(name, exc)
 
 
 def unwatch_all() -> None:
     """Drop every callback and take the finder off the meta path."""
-    with _watcher.lock:
-        _watcher.callbacks.clear()
-        _watcher.fired.clear()
-        _watcher.failures.clear()
-        sys.meta_path = [f for f in sys.meta_path if f is not _watcher]
+    _watcher.stop()
 
 
 def report(name: str, exc: BaseException) -> None:
@@ -222,6 +237,16 @@ def report(name: str, exc: BaseException) -> None:
         (_watcher.on_error or _hook_error)(name, exc)
     except Exception:
         pass
+
+
+def _from_signal_handler(exc: BaseException) -> bool:
+    """Whether `exc` is the application's own, raised by its signal handler while a callback ran:
+    it goes on to the application instead of being taken for the callback's failure."""
+    try:  # loaded as this module is (by hand), an import here being what may have been interrupted
+        signals = _shim._load_firing("te_offload_shim._signals")
+    except Exception:  # a broken install: a failure of the callback, as before
+        return False
+    return bool(signals.raised_by_signal_handler(exc))
 
 
 def _hook_error(module: str, exc: BaseException) -> None:
@@ -277,30 +302,41 @@ def _pending(name: str, module: object) -> "tuple[Callback, ...] | None":
 
 
 def _run(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]") -> None:
-    thread = _thread.get_ident()
-    _watcher.firing[thread] = name
+    thread = _watcher.begin_firing(name)
     failed: list[tuple[Callback, BaseException]] = []
-    index = 0
+    ran = [0]  # how many of them ran: what is left when something is on its way out
     try:
-        while index < len(callbacks):
-            try:
-                callbacks[index](module)
-            except Exception as exc:  # never let a hook fail the target's import
-                failed.append((callbacks[index], exc))
-                report(name, exc)
-            index += 1
-    except BaseException as exc:  # KeyboardInterrupt, SystemExit: the rest did not run; on its way
-        failed += [(c, exc) for c in callbacks[index:]]
+        _call_each(name, module, callbacks, failed, ran)
+    except BaseException as exc:  # KeyboardInterrupt, SystemExit, a signal handler's: on its way
+        failed += [(c, exc) for c in callbacks[ran[0] :]]
         raise
     finally:
-        _watcher.firing.pop(thread, None)
+        _watcher.end_firing(thread)
         _settle(name, module, failed)
     sweep(retry=False)  # what came due meanwhile
 
 
+def _call_each(
+    name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]", failed: "list[Any]", ran: "list[int]"
+) -> None:
+    # The loop lives here, not inside `_run`'s `try`: on CPython 3.11 - 3.13 an exception that a
+    # signal handler raises at a loop's back-edge can miss the handlers of a `try` in the same frame
+    # (python/cpython#108214, #130279), and the `finally` that ends the firing would not run. Raised
+    # in this frame, it reaches `_run`'s `try` through the call, which it covers.
+    for callback in callbacks:
+        try:
+            callback(module)
+        except Exception as exc:  # never let a hook fail the target's import
+            if _from_signal_handler(exc):
+                raise  # the application's, on its way to it; still due again (`_run`)
+            failed.append((callback, exc))
+            report(name, exc)
+        ran[0] += 1
+
+
 def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseException]]") -> None:
     # Runs in a `finally`: never raises.
-    earlier = _watcher.failures.pop(name, None)
+    earlier = _watcher.take_failure(name)
     if not failed:
         return
     attempts = earlier.attempts + 1 if earlier is not None and earlier.module() is module else 1
@@ -310,8 +346,67 @@ def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseE
         ref = lambda: module  # noqa: E731  (a module type without weak references)
     failure = Failure(_describe(failed[-1][1]), attempts, tuple(c for c, _ in failed), ref)
     if failure.retried and _watcher.fired_for(name, module):
-        _watcher.fired.pop(name, None)  # due again: loaded_unseen() hands it to a later sweep
-    _watcher.failures[name] = failure
+        _watcher.due_again(name)  # loaded_unseen() hands it to a later sweep
+    _watcher.note_failure(name, failure)
+
+
+def free_imports_cut_short(me: int, gone: "dict[int, str]") -> None:
+    """In a forked child: free the imports of the shim's that threads gone with the fork left half
+    done. `gone`: thread -> the watched module whose callbacks it was running.
+
+    `os.fork()` copies `importlib._bootstrap._module_locks` as they are, so a module another thread
+    was importing stays locked, by a thread that does not exist here, and the next import of it
+    waits forever. Freed, for the thread that owned the lock:
+    - the shim's own modules still executing: dropped from sys.modules, so the child loads them
+      afresh (their half-run bodies are of no use);
+    - a watched module whose callbacks that thread was running: its body had run (callbacks run
+      after it), so its import is marked finished, as the thread would have; its callbacks are due
+      again (`_Watcher.cut_short`);
+    - any module that thread began importing after it (what the callbacks imported: wrapt, the
+      engine): dropped like ours.
+    The application's own imports in flight that led there are left as they are, as without the
+    shim."""
+    locks = getattr(_bootstrap, "_module_locks", None)
+    if not locks:
+        return
+    ours = _shim.__name__ + "."
+    held = {}
+    for name, ref in list(locks.items()):
+        owner = getattr(ref(), "owner", None)
+        if owner is not None and owner != me:
+            held[name] = (owner, ref)
+    # a thread whose callbacks ran for a module already loaded (no lock of it held): all it holds
+    # was imported from inside them
+    inside = {t for t, name in gone.items() if held.get(name, (None,))[0] != t}
+    for name, (owner, ref) in held.items():
+        if gone.get(owner) == name:
+            _finish_cut_short(name)
+            inside.add(owner)
+        elif name.startswith(ours) or owner in inside:
+            module = sys.modules.get(name)
+            if module is not None and _module_state(module)[1]:
+                del sys.modules[name]
+        else:
+            continue
+        if locks.get(name) is ref:
+            del locks[name]  # the next import of it makes a new lock
+
+
+def _finish_cut_short(name: str) -> None:
+    # What the import system does at the end of an import the fork cut short: the spec says
+    # "finished" (written to its namespace, past a tag's setter), and the parent package holds it.
+    module = sys.modules.get(name)
+    d = _shim._module_namespace(module)
+    spec = d.get("__spec__") if d is not None else None
+    if spec is None:
+        return
+    if type(spec) is SpecWatch:
+        spec.__class__ = _ModuleSpec  # type: ignore[assignment]
+    vars(spec)["_initializing"] = False
+    parent, _, child = name.rpartition(".")
+    namespace = _shim._module_namespace(sys.modules.get(parent)) if parent else None
+    if namespace is not None and child not in namespace:
+        namespace[child] = module
 
 
 def failures() -> "dict[str, tuple[str, int, bool]]":

@@ -1,10 +1,22 @@
-"""Locks that a forked child can always take.
+"""The package's locks: a forked child can always take them, and a signal handler can neither leave
+one held nor wait on one its own thread holds.
 
-`os.fork()` copies a lock in whatever state it is: held by a thread that does not exist in the
-child, it is held forever, and the child hangs at its next offload or import. Every lock of the
-package is made here, and each is replaced by a fresh one in the child (the same thing CPython
-does for its own import and logging locks). Whatever that lock guarded may be half-updated in the
-child; every guarded structure tolerates that (a registry entry is recorded before it takes effect).
+- Fork: `os.fork()` copies a lock in whatever state it is: held by a thread that does not exist in
+  the child, it is held forever, and the child hangs at its next offload or import. Every lock of
+  the package is made here, and each is re-initialised in place in the child (`_at_fork_reinit`,
+  as CPython's threading does for its own), so a module that holds it under two names keeps one
+  lock. Whatever it guarded may be half-updated in the child; every guarded structure tolerates
+  that (a registry entry is recorded before it takes effect).
+- Signals: CPython runs a Python signal handler between bytecodes of the main thread, so inside
+  any `__enter__` / `__exit__` written in Python: a handler's exception there (Ctrl-C, a SIGTERM
+  handler's SystemExit, a timeout) leaves the lock held for good. A lock made here is the raw
+  `_thread` lock itself, which a `with` statement takes and releases in C, with no handler able to
+  run between the acquire and the block's protection (tests/hostile/test_signals.py checks it on
+  every Python the package supports). It is re-entrant: a handler that runs while its thread holds
+  one and calls back into the package (an offload on a preemption notice, `stats()` from a
+  "dump" handler) must not wait forever on its own thread. The offload path does not even take it
+  again: `held_here()` tells it that it interrupted the package, and it runs the original alone.
+
 The start-up module (`__init__`) is not allowed the cost of importing this one: it resets its own
 locks the same way.
 """
@@ -13,36 +25,32 @@ from __future__ import annotations
 
 import _thread
 import os
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-    from typing import Any
+from te_offload_shim._reload import kept
 
-_all: list[Lock] = globals().get("_all", [])  # kept by importlib.reload: the locks made before it are reset too
+_all: list[_thread.RLock] = kept(globals(), "_all", list)  # the locks made before a reload are reset too
 
 
-class Lock:
-    """A context-manager lock (re-entrant if asked) that is reset in a forked child."""
+def Lock() -> _thread.RLock:  # named as what it makes, as `threading.Lock` is
+    """A new lock of the package: re-entrant, entered and exited in C, re-initialised in a forked child."""
+    lock = _thread.RLock()
+    _all.append(lock)
+    return lock
 
-    __slots__ = ("_factory", "_lock")
 
-    def __init__(self, reentrant: bool = False) -> None:
-        self._factory: Callable[[], Any] = _thread.RLock if reentrant else _thread.allocate_lock
-        self._lock = self._factory()
-        _all.append(self)
-
-    def __enter__(self) -> bool:
-        return self._lock.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        self._lock.__exit__(*exc)
+def held_here() -> bool:
+    """Whether this thread holds a lock of the package: code that runs now interrupted the package
+    (a signal handler, a `__del__` run by the collector) and must not touch its state."""
+    for lock in _all:
+        if lock._is_owned():  # type: ignore[attr-defined]
+            return True
+    return False
 
 
 def _after_fork_in_child() -> None:
     for lock in _all:
-        lock._lock = lock._factory()
+        lock._at_fork_reinit()  # type: ignore[attr-defined]
 
 
-if hasattr(os, "register_at_fork"):  # POSIX only; Windows has no fork
+if hasattr(os, "register_at_fork"):  # POSIX only; a reload registers again (re-initialising twice is harmless)
     os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -11,21 +11,22 @@ import logging
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
+from te_offload_shim._reload import kept
+from te_offload_shim._signals import raised_by_signal_handler
 
 logger = logging.getLogger("te_offload_shim")
 
-# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
-# the state below outlives it, or uninstall() and status() would lose what was patched.
-_warned: set[str] = globals().get("_warned", set())
-_lock = globals().get("_lock") or Lock()
+_warned: set[str] = kept(globals(), "_warned", set)  # the state of this module outlives a reload
+_lock = kept(globals(), "_lock", Lock)
 
 
 def log(level: int, message: str, *args: object) -> None:
     """`logger.log`, except that nothing a handler does can raise out of it."""
     try:
         logger.log(level, message, *args)
-    except Exception:  # the application's logging is not ours to break, nor to let break us
-        pass
+    except Exception as exc:  # the application's logging is not ours to break, nor to let break us
+        if raised_by_signal_handler(exc):
+            raise  # but its signal handler's exception is its own, on its way to it
 
 
 def warn_once(key: str, message: str, *args: object) -> bool:

@@ -9,13 +9,16 @@ instead, for tests. The switches are read at every call: `TE_OFFLOAD_SHIM=0` or 
 
 from __future__ import annotations
 
+import sys
 import threading
 from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
-from te_offload_shim._locks import Lock
+from te_offload_shim._locks import Lock, held_here
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
+from te_offload_shim._reload import kept
+from te_offload_shim._signals import raised_by_signal_handler
 from te_offload_shim.engine import hooks, registry
 from te_offload_shim.te import caches, process_globals
 from te_offload_shim.te.caching_off import describe
@@ -28,31 +31,36 @@ if TYPE_CHECKING:
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.engine.schema import Target
 
-# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
-# the state below outlives it, or uninstall() and status() would lose what was patched.
-_lock = globals().get("_lock") or Lock()
-_inside = globals().get("_inside", threading.local())
-_totals: dict[str, Any] = globals().get("_totals") or {
-    "calls": 0,
-    "cleared_calls": 0,
-    "entries": 0,
-    "modules": 0,
-    "bytes": 0,
-    "released_bytes": 0,
-    "skipped": 0,
-    "errors": 0,
-    "primary_weight_bytes": 0,  # FP8 primary weights' transpose/columnwise copies seen at the last call
-}
-_by_target: dict[str, dict[str, int]] = globals().get("_by_target", {})
+# The state below outlives a reload of this module (`kept`), or stats() would lose its counts.
+_lock = kept(globals(), "_lock", Lock)
+_inside = kept(globals(), "_inside", threading.local)
+
+
+def _zero_totals() -> dict[str, Any]:
+    return {
+        "calls": 0,
+        "cleared_calls": 0,
+        "entries": 0,
+        "modules": 0,
+        "bytes": 0,
+        "released_bytes": 0,
+        "skipped": 0,
+        "errors": 0,
+        "primary_weight_bytes": 0,  # FP8 primary weights' transpose/columnwise copies seen at the last call
+    }
+
+
+_totals: dict[str, Any] = kept(globals(), "_totals", _zero_totals)
+_by_target: dict[str, dict[str, int]] = kept(globals(), "_by_target", dict)
 # target -> the reason its skip rule gave -> calls left alone
-_left: dict[str, dict[str, int]] = globals().get("_left", {})
+_left: dict[str, dict[str, int]] = kept(globals(), "_left", dict)
 # TE layers whose caching is off by configuration, by reason, at the last call
-_caching_off: dict[str, int] = globals().get("_caching_off", {})
+_caching_off: dict[str, int] = kept(globals(), "_caching_off", dict)
 # the same, per target, at that target's last call (its status row says why it cleared nothing)
-_caching_off_by_target: dict[str, dict[str, int]] = globals().get("_caching_off_by_target", {})
-_announced = globals().get("_announced", False)
+_caching_off_by_target: dict[str, dict[str, int]] = kept(globals(), "_caching_off_by_target", dict)
+_announced: bool = kept(globals(), "_announced", bool)
 # the reasons "caching is off" was said for at the first clearing's log level
-_said_off: set[str] = globals().get("_said_off", set())
+_said_off: set[str] = kept(globals(), "_said_off", set)
 
 
 def totals() -> dict[str, Any]:
@@ -159,16 +167,29 @@ class Handler:
         # The patcher refuses a spec that names no parameter, so this is resolved once, here.
         self.root = target.where.parameter(list(signature.parameters), self.takes_self) or ""
 
-    def __call__(self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
+    def __call__(
+        self, wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict, _finalizing=sys.is_finalizing
+    ) -> Any:
         # A wrapped call has one frame more than the original, this one (as under any wrapper):
         # pytest and IPython leave a frame out of the tracebacks they print when it sets this.
         __tracebackhide__ = True
-        if not self.record.armed:
+        # At interpreter shutdown (a `__del__` that offloads) the modules' globals are being set to
+        # None, this one's and those it reads: the shim steps aside (`_finalizing` is bound here, on
+        # the function, for that reason). So it does when disarmed.
+        if _finalizing() or not self.record.armed:
             return wrapped(*args, **kwargs)
-        depth = getattr(_inside, "depth", 0)
-        covered: frozenset[int] = getattr(_inside, "covered", _NONE)
-        _inside.depth = depth + 1
+        inside = _inside
+        # Code that interrupted the shim's own on this thread (a signal handler that offloads, a
+        # `__del__` the collector runs) finds the package's state half-updated, and a lock of it
+        # held: it runs the original alone. Inside the original, a patched offload it calls is no
+        # interruption (`busy` is off there).
+        if getattr(inside, "busy", False) or held_here():
+            return wrapped(*args, **kwargs)
+        depth = getattr(inside, "depth", 0)
+        covered: frozenset[int] = getattr(inside, "covered", _NONE)
         try:
+            inside.busy = True
+            inside.depth = depth + 1
             # An offload that calls another patched offload (SkyRL's function reaching megatron-core's
             # buffer offload, a subclass calling super()): the inner wrapper clears only the chunks
             # that no wrapper outside it cleared. Only a clearing that ran counts: a target switched
@@ -176,17 +197,20 @@ class Handler:
             # so adding or disabling a target never clears less than not having it.
             models, cleared = self._clear_failing_open(instance, args, kwargs, covered, depth > 0)
             if cleared:
-                _inside.covered = covered | cleared
+                inside.covered = covered | cleared
             pending = None
             if depth == 0 and _switches.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
                 pending = self._begin_audit(models, instance, args, kwargs)
+            inside.busy = False
             result = wrapped(*args, **kwargs)
             if pending is not None:
+                inside.busy = True
                 pending.finish()  # never raises
             return result
         finally:
-            _inside.depth = depth
-            _inside.covered = covered
+            inside.busy = False
+            inside.depth = depth
+            inside.covered = covered
 
     def _clear_failing_open(
         self, instance: Any, args: tuple, kwargs: dict, covered: frozenset[int], nested: bool
@@ -197,6 +221,8 @@ class Handler:
             if _switches.enabled() and not _switches.is_disabled(self.target.name):
                 return self._clear(instance, args, kwargs, covered, nested)
         except Exception as exc:
+            if raised_by_signal_handler(exc):
+                raise  # the application's own (a timeout its SIGALRM handler raised): on its way to it
             registry.clearing_failed(self.target.name, describe_error(exc))
             if _switches.strict():
                 raise

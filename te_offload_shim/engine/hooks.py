@@ -17,17 +17,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from te_offload_shim._reload import kept
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     ClassFinder = Callable[[object], "type | None"]
 
-# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
-# the state below outlives it, or uninstall() and status() would lose what was patched.
-_ignored_keywords: frozenset[str] = globals().get(
-    "_ignored_keywords", frozenset()
-)  # replaced, never edited: read without a lock
-_class_finders: tuple[ClassFinder, ...] = globals().get("_class_finders", ())
+# replaced, never edited: read without a lock; kept across a reload, as every module's state
+_ignored_keywords: frozenset[str] = kept(globals(), "_ignored_keywords", frozenset)
+_class_finders: tuple[ClassFinder, ...] = kept(globals(), "_class_finders", tuple)
 
 
 def ignore_keyword(name: str) -> None:

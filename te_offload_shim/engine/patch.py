@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from te_offload_shim import _log, _switches
+from te_offload_shim._signals import raised_by_signal_handler
 from te_offload_shim.engine import registry
 from te_offload_shim.engine.attributes import binding_of, owner_of
 from te_offload_shim.engine.handler import make_handler
@@ -51,6 +52,8 @@ def apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
         with registry.lock:  # one decision per attribute, however many threads import at once
             state, detail = _apply(target, module)
     except Exception as exc:
+        if raised_by_signal_handler(exc):
+            raise  # the application's own: the import callback hands it on, and runs again later
         state, detail = "error", f"{type(exc).__name__}: {exc}"
     registry.set_state(target.name, state, detail)
     return state, detail

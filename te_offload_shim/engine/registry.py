@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import te_offload_shim as _shim
 from te_offload_shim._locks import Lock
+from te_offload_shim._reload import kept
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -24,14 +25,14 @@ if TYPE_CHECKING:
 
     from te_offload_shim.engine.states import TargetState
 
-# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
-# the state below outlives it, or uninstall() and status() would lose what was patched.
-_lock = globals().get("_lock") or Lock(reentrant=True)
+# The state below outlives a reload of this module (`kept`), or uninstall() and status() would lose
+# what was patched.
+_lock = kept(globals(), "_lock", Lock)
 lock = _lock  # held across a whole patch: check, record, put in place
-_records: list[Record] = globals().get("_records", [])
-_states: dict[str, tuple[TargetState, str]] = globals().get("_states", {})
-_failed_clearings: dict[str, tuple[int, str]] = globals().get(
-    "_failed_clearings", {}
+_records: list[Record] = kept(globals(), "_records", list)
+_states: dict[str, tuple[TargetState, str]] = kept(globals(), "_states", dict)
+_failed_clearings: dict[str, tuple[int, str]] = kept(
+    globals(), "_failed_clearings", dict
 )  # target -> (clearings that failed, the latest why)
 
 

@@ -23,12 +23,12 @@ import weakref
 from typing import Any
 
 from te_offload_shim._locks import Lock
+from te_offload_shim._reload import kept
 
-# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
-# the state below outlives it, or uninstall() and status() would lose what was patched.
-_owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = globals().get("_owners", weakref.WeakKeyDictionary())
-_orphans: weakref.WeakSet[Any] = globals().get("_orphans", weakref.WeakSet())
-_lock = globals().get("_lock") or Lock()  # fork-safe, like every lock of the package
+# The state below outlives a reload of this module (`kept`).
+_owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = kept(globals(), "_owners", weakref.WeakKeyDictionary)
+_orphans: weakref.WeakSet[Any] = kept(globals(), "_orphans", weakref.WeakSet)
+_lock = kept(globals(), "_lock", Lock)  # fork-safe, like every lock of the package
 _DDP_MODULES = (
     "megatron.core.distributed.distributed_data_parallel",
     "megatron.core.distributed",

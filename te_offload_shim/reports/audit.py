@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import log, rank_prefix, warn_once
+from te_offload_shim._reload import kept
 
 
 class Target(Protocol):
@@ -27,11 +28,10 @@ class Target(Protocol):
     def path(self) -> str: ...
 
 
-# Kept by importlib.reload of this module (a reloader that reloads every module of the package):
-# the state below outlives it, or uninstall() and status() would lose what was patched.
-_lock = globals().get("_lock") or Lock()
-_audits = globals().get("_audits", 0)
-_latest: dict[str, Any] | None = globals().get("_latest", None)
+# The state below outlives a reload of this module (`kept`).
+_lock = kept(globals(), "_lock", Lock)
+_audits: int = kept(globals(), "_audits", int)
+_latest: dict[str, Any] | None = kept(globals(), "_latest", lambda: None)
 
 
 def latest() -> dict[str, Any] | None:

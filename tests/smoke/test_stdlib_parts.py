@@ -119,3 +119,24 @@ def test_run_route(tmp_path: Path) -> None:
     assert report["python"] == list(sys.version_info[:2])
     assert report["shim_at_start"], "run did not activate the shim at the child's start"
     _patched(report)
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "setitimer"), reason="no interval timer on this platform")
+def test_signals_leave_no_lock_of_the_package_held_on_this_python() -> None:
+    """Issue 27, finding 1, on every supported Python: a raw lock in a `with` statement survives a
+    handler's exception at any point (checked, not trusted: bpo-29988), and so do the offloads."""
+    out = _python(str(HERE / "signal_probe.py")).stdout.splitlines()
+    report = json.loads(out[-1])
+    assert report["python"] == list(sys.version_info[:2])
+    assert isinstance(report["lock_left_held"], int) and report["lock_left_held"] > 100, report
+    assert isinstance(report["interrupts"], int) and report["interrupts"] > 1000, report
+    assert report["held"] == [], report
+    assert report["calls"] >= 2, report
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_child_forked_during_the_first_load_imports_its_targets_on_this_python() -> None:
+    """Issue 27, finding 2, on every supported Python (the import system's module locks differ)."""
+    env = _env(TE_OFFLOAD_SHIM_TARGETS=f"{TARGET},smoke_target_next:offload")
+    report = json.loads(_python(str(HERE / "fork_probe.py"), env=env).stdout.splitlines()[-1])
+    assert report == {"python": list(sys.version_info[:2]), "child": 0}, report

@@ -117,3 +117,49 @@ def test_packaging_is_imported_only_by_status_and_only_when_it_runs() -> None:
             if any(n == "packaging" or n.startswith("packaging.") for n in names):
                 importers[str(path.relative_to(PACKAGE))] = id(node) in top_level
     assert importers == {"integrations/versions.py": False}, "imported at a module's top, or elsewhere"
+def _watcher_fields() -> set[str]:
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_Watcher")
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    return {
+        t.attr
+        for node in ast.walk(init)
+        if isinstance(node, (ast.Assign, ast.AnnAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    }
+
+
+MUTATORS = {"pop", "clear", "update", "setdefault", "add", "discard", "remove", "append", "popitem"}
+
+
+def test_only_the_start_up_module_writes_the_watchers_fields() -> None:
+    """The watcher owns its state (issue 30): `_firing` and the rest change it through its methods.
+    A write is an assignment to `_watcher.FIELD` (or an item of it), or a mutating call on it."""
+    fields = _watcher_fields()
+    assert {"fired", "failures", "firing", "generation", "callbacks"} <= fields, fields
+
+    def field_of(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        if isinstance(node, ast.Attribute) and node.attr in fields:
+            if isinstance(node.value, ast.Name) and node.value.id in ("_watcher", "watcher"):
+                return node.attr
+        return None
+
+    writes = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == PACKAGE / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[ast.AST] = []
+            if isinstance(node, ast.Assign):
+                targets = list(node.targets)
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.Delete):
+                targets = list(node.targets)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+                targets = [node.func.value]
+            writes += [f"{path.name}:{node.lineno} {f}" for t in targets if (f := field_of(t))]  # type: ignore[attr-defined]
+    assert writes == [], writes
