@@ -117,6 +117,8 @@ def test_packaging_is_imported_only_by_status_and_only_when_it_runs() -> None:
             if any(n == "packaging" or n.startswith("packaging.") for n in names):
                 importers[str(path.relative_to(PACKAGE))] = id(node) in top_level
     assert importers == {"integrations/versions.py": False}, "imported at a module's top, or elsewhere"
+
+
 def _watcher_fields() -> set[str]:
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_Watcher")
