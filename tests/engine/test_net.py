@@ -316,3 +316,36 @@ def test_a_failing_net_warns_once_and_the_flush_runs_and_strict_mode_raises(capl
     os.environ["TE_OFFLOAD_SHIM_STRICT"] = "1"
     with pytest.raises(RuntimeError, match="the net's own bug"):
         torch.cuda.empty_cache()
+
+
+@pytest.mark.subprocess(env={**NO_TABLE, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0"})
+def test_a_reshard_of_torchs_fsdp_is_never_taken_for_an_offload() -> None:
+    """torch's FSDP1 on the CPU (gloo, world size 1) around TE's layer: its parameters carry FSDP's
+    own mark, so flushes between microbatches clear nothing, nor after FSDP's own `_free_storage`
+    frees the flat parameter as a reshard does (at world size 1 FSDP does not reshard by itself)."""
+    import torch
+    import torch.distributed as dist
+    from support import net_case
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.utils import _free_storage
+
+    import te_offload_shim
+
+    te = net_case.load()
+    dist.init_process_group("gloo", world_size=1, rank=0)
+    try:
+        for use_orig_params in (False, True):
+            layer = te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32)
+            wrapped = FullyShardedDataParallel(layer, device_id=torch.device("cpu"), use_orig_params=use_orig_params)
+            for microbatch in range(2):
+                net_case.forward(wrapped, is_first_microbatch=microbatch == 0)
+                torch.cuda.empty_cache()
+            assert net_case.entries(layer) == 1
+            for param in wrapped.parameters():
+                _free_storage(param.data)  # the state a reshard leaves: the flat parameter's storage freed
+            assert all(p.untyped_storage().nbytes() == 0 for p in layer.parameters())
+            torch.cuda.empty_cache()
+            assert net_case.entries(layer) == 1, f"use_orig_params={use_orig_params}: a reshard is no offload"
+    finally:
+        dist.destroy_process_group()
+    assert te_offload_shim.stats()["net"]["cleared_flushes"] == 0
