@@ -24,6 +24,14 @@ NO_TABLE = {"TE_OFFLOAD_SHIM_DISABLE": "*"}
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _cuda() -> Any:
+    """`torch.cuda`, untyped: the flushes under test return what they wrap (a recorder's token), not
+    the None torch's stubs declare."""
+    import torch
+
+    return torch.cuda
+
+
 class Flushed(Exception):
     pass
 
@@ -72,7 +80,7 @@ def test_many_threads_flushing_at_once_while_layers_are_built() -> None:
         start.wait()
         try:
             for _ in range(40):
-                results.append(torch.cuda.empty_cache())
+                results.append(_cuda().empty_cache())
         except BaseException as exc:
             errors.append(exc)
 
@@ -102,7 +110,6 @@ def test_many_threads_flushing_at_once_while_layers_are_built() -> None:
 def test_a_signal_handler_that_flushes_while_the_net_is_clearing() -> None:
     import signal
 
-    import torch
     from support import net_case
 
     import te_offload_shim
@@ -112,7 +119,7 @@ def test_a_signal_handler_that_flushes_while_the_net_is_clearing() -> None:
     from_handler: list[object] = []
 
     def on_alarm(signum: int, frame: Any) -> None:
-        from_handler.append(torch.cuda.empty_cache())
+        from_handler.append(_cuda().empty_cache())
 
     signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, 0.0005, 0.0005)
@@ -120,7 +127,7 @@ def test_a_signal_handler_that_flushes_while_the_net_is_clearing() -> None:
         layers = []
         for seed in range(40):  # every flush of the loop clears: the main thread is inside the net often
             layers.append(_offloaded(te, seed))
-            assert torch.cuda.empty_cache() == "flushed"
+            assert _cuda().empty_cache() == "flushed"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
     assert from_handler and set(from_handler) == {"flushed"}, "the handler's flushes ran, and returned torch's value"
@@ -159,7 +166,7 @@ def test_a_child_forked_while_another_thread_flushes_can_flush_and_clear() -> No
                 code = 1
                 try:
                     net_case.offload_like_megatron(fresh)
-                    code = 0 if torch.cuda.empty_cache() == "flushed" and net_case.entries(fresh) == 0 else 2
+                    code = 0 if _cuda().empty_cache() == "flushed" and net_case.entries(fresh) == 0 else 2
                 finally:
                     os._exit(code)
             assert child_exit_status(pid, 60) == 0
@@ -218,11 +225,11 @@ def test_before_cuda_is_initialised_the_flush_is_torchs_no_op() -> None:
     import te_offload_shim
 
     te_import.load("2.20.2")
-    assert torch.cuda.empty_cache is not torch_flush and torch.cuda.empty_cache.__wrapped__ is torch_flush
+    assert _cuda().empty_cache is not torch_flush and _cuda().empty_cache.__wrapped__ is torch_flush
     with pytest.raises(RuntimeError):  # ... nor the net's wrapper around it: the same error type
         torch.jit.script(direct)
     assert not torch.cuda.is_initialized()
-    assert torch.cuda.empty_cache() is None and torch.cuda.memory.empty_cache() is None
+    assert _cuda().empty_cache() is None and _cuda().memory.empty_cache() is None
     assert not torch.cuda.is_initialized(), "the net does not initialise CUDA"
     assert te_offload_shim.stats()["net"]["flushes"] == 2 and te_offload_shim.stats()["net"]["errors"] == 0
 
@@ -286,10 +293,10 @@ def test_a_profilers_wrapper_before_and_after_the_net() -> None:
 
     torch.cuda.empty_cache = before = profile(torch.cuda.empty_cache, "before")  # type: ignore[assignment]
     te = net_case.load()
-    assert torch.cuda.empty_cache.__wrapped__ is before, "the net wraps what it found: the profiler's"
+    assert _cuda().empty_cache.__wrapped__ is before, "the net wraps what it found: the profiler's"
     torch.cuda.empty_cache = after = profile(torch.cuda.empty_cache, "after")  # type: ignore[assignment]
     layer = _offloaded(te)
-    assert torch.cuda.empty_cache() == "flushed" and seen == ["after", "before"] and net_case.entries(layer) == 0
+    assert _cuda().empty_cache() == "flushed" and seen == ["after", "before"] and net_case.entries(layer) == 0
 
     te_offload_shim.uninstall()
     assert torch.cuda.empty_cache is after, "the profiler that wrapped us stays; our wrapper inside it is disarmed"
