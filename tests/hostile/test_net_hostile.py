@@ -298,11 +298,13 @@ def test_a_profilers_wrapper_before_and_after_the_net() -> None:
     layer = _offloaded(te)
     assert _cuda().empty_cache() == "flushed" and seen == ["after", "before"] and net_case.entries(layer) == 0
 
+    flushes = te_offload_shim.stats()["net"]["flushes"]
     te_offload_shim.uninstall()
     assert torch.cuda.empty_cache is after, "the profiler that wrapped us stays; our wrapper inside it is disarmed"
     again = _offloaded(te, 1)
     assert torch.cuda.empty_cache() == "flushed" and net_case.entries(again) == 1
     assert seen == ["after", "before"] * 2 and len(calls) == 2
+    assert te_offload_shim.stats()["net"]["flushes"] == flushes, "the disarmed wrapper did not even look"
 
 
 @pytest.mark.subprocess(env=NO_TABLE)
