@@ -183,9 +183,7 @@ def _before_flush(label: str) -> None:
             return
         with _lock:
             _counts["flushes"] += 1
-        is_device = placement.flag()
-        left = placement.left_device
-        offloaded = [layer for layer in layers.live() if left(layer, is_device)]
+        offloaded = placement.offloaded(layers.live())
         if offloaded:
             _cleared(label, caches.clear_layers(offloaded, strict=_switches.strict()))
     except Exception as exc:

@@ -68,6 +68,35 @@ def left_device(layer: Any, is_device: str | None = None) -> bool:
 
 
 _PLAIN: tuple[type, ...] = ()
+_NONE = object()
+
+
+def offloaded(layers: list[Any], is_device: str | None = None) -> list[Any]:
+    """The layers of `layers` whose weights have all left the device (`left_device`). This runs at
+    every allocator flush over every live TE layer, and almost always finds each layer on the
+    device: that answer takes one look at the layer's first parameter (its device flag and its
+    storage's size), inlined here, with no call and no allocation per layer."""
+    is_device = is_device or flag()
+    plain = _plain_types()
+    found = []
+    for layer in layers:
+        try:
+            params = object.__getattribute__(layer, "__dict__")["_parameters"]
+            first = next(iter(params.values()), _NONE)
+            if first is _NONE:
+                continue  # no weights: nothing says it was offloaded
+            if (
+                first is not None
+                and type(first) in plain
+                and getattr(first, is_device)
+                and first.untyped_storage().nbytes()
+            ):
+                continue  # on the device: the usual answer
+        except Exception:
+            continue  # not knowing is "on"
+        if left_device(layer, is_device):
+            found.append(layer)
+    return found
 
 
 def _plain_types() -> tuple[type, ...]:

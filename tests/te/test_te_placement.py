@@ -77,3 +77,12 @@ def test_an_unreadable_tensor_counts_as_on(cpu_is_the_device: None) -> None:
             raise RuntimeError("no storage")
 
     assert placement.on_device(Odd())
+
+
+def test_the_flush_loop_finds_exactly_the_offloaded_layers(cpu_is_the_device: None) -> None:
+    gone = torch.empty(0)
+    on, off, half, bare = _layer(torch.ones(2)), _layer(gone, gone), _layer(gone, torch.ones(2)), torch.nn.Module()
+    first_none = _layer(gone)
+    first_none.register_parameter("a_none_first", None)
+    first_none._parameters = {"a_none_first": None, **first_none._parameters}
+    assert placement.offloaded([on, off, half, bare, first_none]) == [off, first_none]
