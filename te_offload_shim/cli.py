@@ -316,7 +316,6 @@ def _print_report(report: dict[str, Any], show_all: bool = False) -> None:
         names = ", ".join(row["name"] for row in absent)
         cells = ["others".ljust(widths[0]), "no".ljust(widths[1]), f"{len(absent)} targets: {names} (every row: --all)"]
         print("  " + "  ".join(cells))
-    print(f"flush net: {_net_line(report['net'], report['shim']['installed_here'])}")
     routes = report["routes"]
     print("activation routes:")
     label = {True: "", False: " (outdated)", None: " (not readable by this user)"}
@@ -333,6 +332,7 @@ def _print_report(report: dict[str, Any], show_all: bool = False) -> None:
         variants = " (its name-* variants included)" if len(names) > 1 and value != "*" else ""
         print(f"  {_switches.DISABLE}={value} switches off: {', '.join(names) or 'no target'}{variants}")
     print(f"  in force here:             {routes['in_force']}")
+    print(f"flush net: {_net_line(report['net'], report['shim']['installed_here'])}")
     for warning in report["warnings"]:
         print(f"warning: {warning}")
     if report["import_output"]:

@@ -22,6 +22,7 @@ _refs: dict[int, _Ref] = globals().get("_refs", {})
 
 class _Ref(weakref.ref):
     __slots__ = ("key",)
+    key: int
 
 
 def _gone(ref: _Ref) -> None:

@@ -82,7 +82,7 @@ def offloaded(layers: list[Any], is_device: str | None = None) -> list[Any]:
     for layer in layers:
         try:
             params = object.__getattribute__(layer, "__dict__")["_parameters"]
-            first = next(iter(params.values()), _NONE)
+            first: Any = next(iter(params.values()), _NONE)
             if first is _NONE:
                 continue  # no weights: nothing says it was offloaded
             if (

@@ -54,7 +54,7 @@ def test_a_process_without_te_keeps_torchs_own_flush_function() -> None:
 
 @pytest.mark.subprocess(env={**NO_TABLE, "RANK": "0"})
 def test_an_offloaded_layer_is_cleared_at_the_flush_and_the_line_names_the_caller(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from support import net_case
 
@@ -83,6 +83,15 @@ def test_an_offloaded_layer_is_cleared_at_the_flush_and_the_line_names_the_calle
     assert net["bytes"] == te_offload_shim.stats()["net"]["bytes"] > 0
     assert net["callers"] == [f"{__file__}:{line} in _flush_from_an_unknown_offload"]
     assert te_offload_shim.stats()["entries"] == 0, "the table's totals stay the table's"
+    from te_offload_shim import cli
+
+    capsys.readouterr()
+    cli.main(["status"])
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("flush net:")]
+    assert printed == [
+        "flush net: armed: wraps torch.cuda.empty_cache, torch.cuda.memory.empty_cache; 1 flushes seen, 1 cleared "
+        f"2 caches in 2 layers ({net['bytes'] / 1024:.2f} KiB); 3 TE layers known; called from {net['callers'][0]}"
+    ]
 
     net_case.offload_like_megatron(kept)
     _flush_from_an_unknown_offload()
