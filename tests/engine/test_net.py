@@ -366,3 +366,25 @@ def test_a_reshard_of_torchs_fsdp_is_never_taken_for_an_offload() -> None:
     finally:
         dist.destroy_process_group()
     assert te_offload_shim.stats()["net"]["cleared_flushes"] == 0
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_an_fp8_primary_weight_counts_by_the_bytes_of_its_inner_data() -> None:
+    """TE's own Float8Tensor parameter (`fp8_model_init`): a tensor subclass whose bytes live in its
+    inner `_data`; on the device while that holds bytes, off once its storage is freed."""
+    import torch
+    from support import net_case
+
+    from harness import te_twin
+    from te_offload_shim.te import placement
+
+    te = net_case.load()
+    with te_twin.model_init():
+        layer = te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32)
+    assert type(layer.weight).__name__ == "Float8Tensor"
+    assert placement.on_device(layer.weight) and placement.offloaded([layer]) == []
+    layer.weight._data.untyped_storage().resize_(0)
+    assert not placement.on_device(layer.weight)
+    assert placement.offloaded([layer]) == [], "the bias still holds bytes: half on the device"
+    layer.bias.data.untyped_storage().resize_(0)
+    assert placement.offloaded([layer]) == [layer]
