@@ -56,6 +56,12 @@ def strict() -> bool:
     return _flag(STRICT, False)
 
 
+def net() -> bool:
+    """False when TE_OFFLOAD_SHIM_NET=0: the flush net leaves every allocator flush alone (the table
+    of targets still works)."""
+    return _flag(NET, True)
+
+
 def force_with_cuda_graphs() -> bool:
     """True when the user states their CUDA graphs are re-captured after an offload."""
     return _flag(FORCE_CUDA_GRAPHS, False)
@@ -132,7 +138,13 @@ def switch_problems(names: tuple[str, ...]) -> list[str]:
     TE_OFFLOAD_SHIM_DISABLE that match no target (a misspelt name would disable nothing). The names
     that are no switch: `unknown_names()`, worded by integrations/user_targets.py."""
     problems = []
-    for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off"), (TE_GLOBALS, "off")):
+    for switch, default in (
+        (ENABLE, "on"),
+        (STRICT, "off"),
+        (FORCE_CUDA_GRAPHS, "off"),
+        (TE_GLOBALS, "off"),
+        (NET, "on"),
+    ):
         value = os.environ.get(switch, "").strip().lower()
         if value and value not in _TRUE and value not in _FALSE:
             problems.append(

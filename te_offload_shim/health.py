@@ -76,6 +76,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         "import_output": import_output,  # what importing the targets printed or warned (--import)
         # TE_OFFLOAD_SHIM_AUDIT: the latest residue report of this process (None until an offload ran here)
         "audit": {"enabled": _switches.audit(), "latest": te_offload_shim.stats()["audit"]},
+        "net": shim["net"],  # the flush net (engine/net.py): armed only where TE's PyTorch modules are imported
     }
     report["routes"]["in_force"] = _route_in_force(report["routes"], shim["installed"])
     problems, warnings = assess(report)
@@ -243,6 +244,11 @@ def _declared(report: dict[str, Any]) -> Iterator[Finding]:
     yield from ((PROBLEM, f"patching failed: {e}") for e in report["hook_errors"])
 
 
+def _net_error(report: dict[str, Any]) -> Iterator[Finding]:
+    if report["net"]["state"] == "error":
+        yield PROBLEM, f"flush net: error: {report['net']['detail']}"
+
+
 def _pth_files(report: dict[str, Any]) -> Iterator[Finding]:
     problems, warnings = pth.assess(report["routes"]["pth"])
     yield from ((PROBLEM, p) for p in problems)
@@ -311,6 +317,7 @@ CHECKS: tuple[Callable[[dict[str, Any]], Iterable[Finding]], ...] = (
     _unknown_switches,
     _wrapt,
     _declared,
+    _net_error,
     _rows,
     _pth_files,
 )
@@ -419,6 +426,27 @@ def _print_routes(report: dict[str, Any], show_all: bool) -> None:
     print(f"  in force here:             {routes['in_force']}")
 
 
+def _net_line(net: dict[str, Any], installed: bool) -> str:
+    """The flush net in one line: its state and why, and what it has cleared in this process."""
+    if net["state"] == "not armed" and installed and net["detail"].startswith("Transformer Engine"):
+        return "on: arms in a process that imports Transformer Engine's PyTorch modules (none here)"
+    line = f"{net['state']}: {net['detail']}"
+    if net["state"] == "armed" or net["flushes"]:
+        from te_offload_shim._log import human_bytes
+
+        line += (
+            f"; {net['flushes']} flushes seen, {net['cleared_flushes']} cleared {net['entries']} caches in "
+            f"{net['layers']} layers ({human_bytes(net['bytes'])}); {net['live_layers']} TE layers known"
+        )
+        if net["callers"]:
+            line += f"; called from {', '.join(net['callers'])}"
+    return line
+
+
+def _print_net(report: dict[str, Any], show_all: bool) -> None:
+    print(f"flush net: {_net_line(report['net'], report['shim']['installed_here'])}")
+
+
 def _print_findings(report: dict[str, Any], show_all: bool) -> None:
     for warning in report["warnings"]:
         print(f"warning: {warning}")
@@ -437,6 +465,7 @@ SECTIONS: tuple[Callable[[dict[str, Any], bool], None], ...] = (
     _print_shim,
     _print_targets,
     _print_routes,
+    _print_net,
     _print_findings,
 )
 
