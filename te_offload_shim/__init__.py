@@ -115,6 +115,8 @@ _PATCH_TARGETS = "te_offload_shim.api:on_target_import"
 WATCH = {
     "ray": "te_offload_shim.integrations.ray:on_ray_import",  # ray.init gains our worker setup hook
     "ray._private.function_manager": "te_offload_shim.integrations.ray:on_function_manager_import",  # actor classes
+    # the flush net: TE's base module class notes its layers, torch.cuda.empty_cache clears the offloaded ones
+    "transformer_engine.pytorch.module.base": "te_offload_shim.integrations.flush:on_te_import",
     **dict.fromkeys(BUILTIN_MODULES, _PATCH_TARGETS),
 }
 # WATCH plus the modules of TE_OFFLOAD_SHIM_TARGETS, as installed

@@ -20,7 +20,8 @@ DISABLE = "TE_OFFLOAD_SHIM_DISABLE"
 TARGETS = "TE_OFFLOAD_SHIM_TARGETS"
 FORCE_CUDA_GRAPHS = "TE_OFFLOAD_SHIM_FORCE_CUDA_GRAPHS"
 AUDIT = "TE_OFFLOAD_SHIM_AUDIT"
-ALL_SWITCHES = (ENABLE, STRICT, DISABLE, TARGETS, FORCE_CUDA_GRAPHS, AUDIT)
+NET = "TE_OFFLOAD_SHIM_NET"
+ALL_SWITCHES = (ENABLE, STRICT, DISABLE, TARGETS, FORCE_CUDA_GRAPHS, AUDIT, NET)
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -40,6 +41,12 @@ def enabled() -> bool:
 def strict() -> bool:
     """True when TE_OFFLOAD_SHIM_STRICT=1: the shim's own errors raise instead of warning."""
     return _flag(STRICT, False)
+
+
+def net() -> bool:
+    """False when TE_OFFLOAD_SHIM_NET=0: the flush net leaves every allocator flush alone (the table
+    of targets still works)."""
+    return _flag(NET, True)
 
 
 def force_with_cuda_graphs() -> bool:
@@ -86,7 +93,7 @@ def switch_problems(names: tuple[str, ...]) -> list[str]:
     """What is wrong with the switches as set: values we do not understand, and names in
     TE_OFFLOAD_SHIM_DISABLE that match no target (a misspelt name would disable nothing)."""
     problems = []
-    for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off")):
+    for switch, default in ((ENABLE, "on"), (STRICT, "off"), (FORCE_CUDA_GRAPHS, "off"), (NET, "on")):
         value = os.environ.get(switch, "").strip().lower()
         if value and value not in _TRUE and value not in _FALSE:
             problems.append(

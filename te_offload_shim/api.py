@@ -11,6 +11,7 @@ framework.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import te_offload_shim as _shim
@@ -42,6 +43,9 @@ def _restore(unwatch_error: BaseException | None) -> int:
             "uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", unwatch_error
         )
     restored, errors = registry.deactivate()
+    net = sys.modules.get("te_offload_shim.engine.net")
+    if net is not None:  # loaded only where the flush net armed
+        net.disarmed()
     for error in errors:
         warn_once(f"uninstall:{error}", "te_offload_shim: uninstall could not restore %s", error)
     return restored

@@ -27,6 +27,22 @@ class TargetRow(TypedDict):
     layers: int  # our wrapper layers on the attribute (1 when patched)
 
 
+class NetRow(TypedDict):
+    """The flush net's row (engine/net.py): armed or not and why, and what it has cleared."""
+
+    state: str  # "armed", "off" (a switch), "not armed" (TE not imported, or uninstalled), "error"
+    detail: str  # why, in one line
+    flushes: int  # allocator flushes the net saw (while on)
+    cleared_flushes: int  # of those, flushes before which it cleared at least one cache entry
+    layers: int  # TE layers whose caches it cleared (summed over flushes)
+    entries: int  # cache entries it cleared
+    bytes: int  # bytes those entries held (each storage once)
+    live_layers: int  # TE layers it knows of now (weak references)
+    found_at_arming: int  # layers built before the net armed, found then
+    frozen_not_searched: int  # objects frozen by gc.freeze() when it armed: not searched for layers
+    callers: list[str]  # "file:line in function" of the flushes that cleared something (distinct, first 16)
+
+
 class Status(TypedDict):
     version: str
     enabled: bool
@@ -35,6 +51,17 @@ class Status(TypedDict):
     targets: list[TargetRow]
     user_target_problems: list[str]
     hook_errors: list[str]
+    net: NetRow
+
+
+class NetTotals(TypedDict):
+    flushes: int  # allocator flushes the net saw (while on)
+    cleared_flushes: int  # of those, flushes before which it cleared something
+    entries: int
+    modules: int
+    bytes: int
+    skipped: int  # layers left alone at its clearings (CUDA graphs, TE < 1.8, ...)
+    errors: int  # its own errors (each kind also logged once)
 
 
 class TargetTotals(TypedDict):
@@ -59,3 +86,4 @@ class Stats(TypedDict):
     by_target: dict[str, TargetTotals]
     left_alone: dict[str, dict[str, int]]  # target -> the reason its skip rule gave -> calls left alone
     audit: dict[str, Any] | None  # the latest TE_OFFLOAD_SHIM_AUDIT report (None until one ran)
+    net: NetTotals  # the flush net's own counters (the totals above are the table's)

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 from te_offload_shim import _switches
 from te_offload_shim.engine import registry
 from te_offload_shim.engine.attributes import owner_of
-from te_offload_shim.engine.states import Stats, Status, TargetRow, TargetState, TargetTotals
+from te_offload_shim.engine.states import NetRow, NetTotals, Stats, Status, TargetRow, TargetState, TargetTotals
 
 if TYPE_CHECKING:
     from te_offload_shim.engine.schema import Target
 
-__all__ = ["Stats", "Status", "TargetRow", "TargetState", "TargetTotals", "stats", "status"]
+__all__ = ["NetRow", "NetTotals", "Stats", "Status", "TargetRow", "TargetState", "TargetTotals", "stats", "status"]
 
 
 def status(
@@ -60,6 +60,34 @@ def status(
         "targets": rows,
         "user_target_problems": problems,
         "hook_errors": hook_errors,
+        "net": net_row(installed),
+    }
+
+
+def net_row(installed: bool) -> NetRow:
+    """The flush net's row. engine/net.py is loaded when the net arms (TE's base module imported):
+    until then the row says why it is not armed, and nothing is imported to say so."""
+    net = sys.modules.get("te_offload_shim.engine.net")
+    if net is not None:
+        return net.row()
+    if not installed:
+        state, detail = "not armed", "the shim is not installed"
+    elif not _switches.net():
+        state, detail = "off", f"{_switches.NET}=0"
+    else:
+        state, detail = "not armed", "Transformer Engine's PyTorch modules are not imported: torch's flush is its own"
+    return {
+        "state": state,
+        "detail": detail,
+        "flushes": 0,
+        "cleared_flushes": 0,
+        "layers": 0,
+        "entries": 0,
+        "bytes": 0,
+        "live_layers": 0,
+        "found_at_arming": 0,
+        "frozen_not_searched": 0,
+        "callers": [],
     }
 
 
@@ -133,4 +161,7 @@ def stats() -> Stats:
 
     result: Stats = handler.totals()  # type: ignore[assignment]  # the counters, by name
     result["audit"] = audit.latest()
+    net = sys.modules.get("te_offload_shim.engine.net")
+    zero: NetTotals = dict.fromkeys(NetTotals.__annotations__, 0)  # type: ignore[assignment]
+    result["net"] = net.totals() if net is not None else zero
     return result

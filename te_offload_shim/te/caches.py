@@ -32,7 +32,7 @@ from te_offload_shim.te.walk import Names, Tree, walk
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["CacheReport", "ShimError", "Skipped", "clear_fp8_workspaces", "scan"]
+__all__ = ["CacheReport", "ShimError", "Skipped", "clear_fp8_workspaces", "clear_layers", "scan"]
 
 
 def clear_fp8_workspaces(
@@ -44,6 +44,16 @@ def clear_fp8_workspaces(
     allocator flush (`torch.cuda.empty_cache()`): the freed blocks otherwise stay in PyTorch's
     cache. TE >= 1.8 rebuilds the caches on the next forward."""
     return _process(models, clear=True, strict=strict, params=params)
+
+
+def clear_layers(layers: list[Any], *, strict: bool | None = None) -> CacheReport:
+    """Drop the caches of these TE layers (the flush net's call: no model chunk to start from).
+
+    Each layer is a chunk of its own, so every rule of a chunk holds per layer: a layer whose
+    Megatron `config` turns CUDA graphs on, or that carries TE's `make_graphed_callables` marks, is
+    left alone; TE < 1.8 caches stay; FP8 primary weights, caching-off reasons and bytes are counted
+    as for a table target."""
+    return _process(list(layers), clear=True, strict=strict, params=None)
 
 
 def scan(models: object, *, params: Iterable[Any] | None = None) -> CacheReport:

@@ -1,0 +1,274 @@
+"""HOW the flush net is put in place, and what one flush does with it.
+
+Every offload ends the same way: the weights leave the device, then the allocator is flushed
+(`torch.cuda.empty_cache()`). The net wraps that flush, in a process that has imported TE's
+PyTorch modules and only there: before the flush runs, every live TE layer whose weights have all
+left the device (`te.placement`) has its FP8 weight caches dropped by the table's own clearing
+(`te.caches.clear_layers`), whatever function led to the flush. The live layers are noted as TE's
+base module class builds them (`te.layers`): its `__init__` is wrapped here.
+
+What it patches is data given by `integrations/flush.py`: the flush functions (`module`,
+`attribute`) and TE's base class. Each patch is a `registry.Record`, so `uninstall()` puts back
+exactly what was there when the net armed (the very function torch defines, or whatever an
+application or a device stand-in had put in its place) and points the aliases other modules hold
+back at it. A flush function wrapped after us (a profiler) keeps our wrapper inside it: disarmed,
+that wrapper calls straight through.
+
+Never in the flush's way: the flush's arguments, return value and exceptions are untouched; the
+net's own failures are counted, warned about once and the flush goes on (strict mode raises). A
+flush reached again on a thread that is already inside the net (a signal handler that flushes, a
+flush inside a clearing) goes straight to the original: the per-thread mark is set before
+anything else, and the only lock the net takes (its counters') is taken under that mark, so a
+signal handler can never wait for it on the thread that holds it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING, Any
+
+from te_offload_shim import _switches
+from te_offload_shim._locks import Lock
+from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
+from te_offload_shim.engine import registry
+from te_offload_shim.te import caches, layers, placement
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from te_offload_shim.engine.states import NetRow, NetTotals
+
+FLUSH_KIND = "net-flush"  # registry kinds: a wrapped flush function, TE's base class __init__
+LAYERS_KIND = "net-layers"
+MAX_CALLERS = 16
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH_MEMORY = os.path.join("torch", "cuda", "memory.py")
+
+# Kept by importlib.reload of this module (a reloader that reloads every module of the package).
+_lock = globals().get("_lock") or Lock()
+_inside = globals().get("_inside", threading.local())
+_counts: dict[str, int] = globals().get("_counts") or dict.fromkeys(
+    ("flushes", "cleared_flushes", "entries", "modules", "bytes", "skipped", "errors"), 0
+)
+_callers: dict[str, None] = globals().get("_callers", {})  # distinct, in order, at most MAX_CALLERS
+_arming: dict[str, Any] = globals().get("_arming") or {"state": "not armed", "detail": "", "found": 0, "frozen": 0}
+_announced = globals().get("_announced", False)
+
+
+def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...], *, te_ready: bool) -> str:
+    """Put the net in place: TE's base class `base_class` (in `base_module`) notes each layer it
+    builds, and each flush function `(module, attribute)` in `flushes` clears the offloaded layers
+    before it runs. `te_ready`: TE's PyTorch package had finished importing, so layers may exist
+    already (they are searched for once). Returns the state the net's status row says."""
+    if not _switches.net():
+        return _set("off", f"{_switches.NET}=0 when TE was imported: torch's flush is left as it is")
+    try:
+        with registry.lock:
+            if not registry.active():
+                return _set("not armed", "the shim is not installed")
+            base = vars(base_module).get(base_class)
+            if not isinstance(base, type):
+                return _set("error", f"{base_module.__name__} has no class {base_class}: no layer can be found")
+            hooked = _hook_layers(base)
+            wrapped = [point for point in flushes if _wrap_flush(*point)]
+            found, frozen = layers.find_existing(base) if te_ready and hooked else (0, 0)
+            _arming["found"], _arming["frozen"] = found, frozen
+            if not wrapped and not _flush_records():
+                return _set("error", "no flush function to wrap: " + ", ".join(f"{m}.{a}" for m, a in flushes))
+            return _set("armed", "wraps " + ", ".join(f"{m}.{a}" for m, a in flushes))
+    except Exception as exc:  # the import of TE goes on; status says why the net is not there
+        if _switches.strict():
+            raise
+        warn_once("net:arm", "te_offload_shim: the flush net could not be armed: %r", exc)
+        return _set("error", f"arming failed: {type(exc).__name__}: {exc}")
+
+
+def _set(state: str, detail: str) -> str:
+    _arming["state"], _arming["detail"] = state, detail
+    return state
+
+
+def _flush_records() -> list[registry.Record]:
+    return registry.records(FLUSH_KIND)
+
+
+def _hook_layers(base: type) -> bool:
+    """Wrap `base.__init__` so that each layer it builds is noted; False if already hooked."""
+    raw = vars(base).get("__init__")
+    if raw is None or any(r.replacement is raw for r in registry.records(LAYERS_KIND)):
+        return False
+    record = registry.Record(LAYERS_KIND, base, "__init__", raw)
+
+    @functools.wraps(raw)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        raw(self, *args, **kwargs)
+        if record.armed:
+            layers.note(self)
+
+    return registry.add(record, __init__, lambda: setattr(base, "__init__", __init__))
+
+
+def _wrap_flush(module_name: str, attribute: str) -> bool:
+    """Wrap the flush function `module_name.attribute` as it is now (and every alias of it); False
+    when there is none, or it is ours already."""
+    owner = sys.modules.get(module_name)
+    d = registry.namespace(owner) if owner is not None else None
+    raw = d.get(attribute) if d is not None else None
+    if raw is None or not callable(raw) or any(r.replacement is raw for r in _flush_records()):
+        return False
+    label = f"{module_name}.{attribute}"
+    record = registry.Record(FLUSH_KIND, owner, attribute, raw, aliases=True)
+    flush = _flush_wrapper(raw, record, label)
+
+    def put_in_place() -> None:
+        setattr(owner, attribute, flush)
+        registry.rebind(raw, flush)
+
+    return registry.add(record, flush, put_in_place)
+
+
+def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label: str) -> Callable[..., Any]:
+    try:
+        wraps = functools.wraps(original)
+    except Exception:  # an odd callable: keep torch's name at least
+        wraps = functools.wraps(original, assigned=(), updated=())
+
+    @wraps
+    def empty_cache(*args: Any, **kwargs: Any) -> Any:
+        if record.armed and not getattr(_inside, "on", False):
+            _before_flush(label)
+        return original(*args, **kwargs)
+
+    return empty_cache
+
+
+def _before_flush(label: str) -> None:
+    """Clear the caches of every live TE layer whose weights have left the device. Never raises
+    (but in strict mode): the flush runs whatever happens here."""
+    _inside.on = True
+    try:
+        if not (_switches.enabled() and _switches.net()):
+            return
+        with _lock:
+            _counts["flushes"] += 1
+        is_device = placement.flag()
+        left = placement.left_device
+        offloaded = [layer for layer in layers.live() if left(layer, is_device)]
+        if offloaded:
+            _cleared(label, caches.clear_layers(offloaded, strict=_switches.strict()))
+    except Exception as exc:
+        if _switches.strict():
+            raise
+        with _lock:
+            _counts["errors"] += 1
+        warn_once(
+            f"net:{type(exc).__name__}",
+            "te_offload_shim: the flush net failed (%s); the flush goes on without it",
+            _describe(exc),
+        )
+    finally:
+        _inside.on = False
+
+
+def _cleared(label: str, report: caches.CacheReport) -> None:
+    global _announced
+    caller = _caller() if report.entries else ""
+    with _lock:
+        _counts["skipped"] += len(report.skipped)
+        _counts["errors"] += len(report.errors)
+        if not report.entries:
+            return
+        _counts["cleared_flushes"] += 1
+        _counts["entries"] += report.entries
+        _counts["modules"] += report.modules
+        _counts["bytes"] += report.bytes
+        if len(_callers) < MAX_CALLERS:
+            _callers.setdefault(caller, None)
+        first, _announced = not _announced, True
+    log(
+        first_line_level() if first else 10,
+        "te_offload_shim: %san offload the target table does not know left %d FP8 weight caches (%s) in %d "
+        "layers; cleared at %s called from %s",
+        rank_prefix(),
+        report.entries,
+        human_bytes(report.bytes),
+        report.modules,
+        label,
+        caller,
+    )
+
+
+def _caller() -> str:
+    """`file:line in function` of the code that called the flush: the first frame outside this
+    package and torch's own `torch/cuda/memory.py` (whose functions call each other)."""
+    try:
+        frame: Any = sys._getframe(1)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not (filename.startswith(_PACKAGE_DIR) or filename.endswith(_TORCH_MEMORY)):
+                return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+            frame = frame.f_back
+    except Exception:
+        pass
+    return "<unknown>"
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
+
+
+def totals() -> NetTotals:
+    """The net's counters, for stats()."""
+    with _lock:
+        return dict(_counts)  # type: ignore[return-value]
+
+
+def row() -> NetRow:
+    """The net's row of status()."""
+    with _lock:
+        counts = dict(_counts)
+        callers = list(_callers)
+    state, detail = _arming["state"], _arming["detail"]
+    if state == "armed":
+        if not _switches.enabled():
+            state, detail = "off", f"{_switches.ENABLE}=0: every flush is left alone"
+        elif not _switches.net():
+            state, detail = "off", f"{_switches.NET}=0: every flush is left alone"
+        elif not any(r.armed and r.in_place() for r in _flush_records()):
+            state, detail = "error", "no flush function holds the net's wrapper any more (replaced after it armed)"
+    return {
+        "state": state,
+        "detail": detail,
+        "flushes": counts["flushes"],
+        "cleared_flushes": counts["cleared_flushes"],
+        "layers": counts["modules"],
+        "entries": counts["entries"],
+        "bytes": counts["bytes"],
+        "live_layers": layers.count(),
+        "found_at_arming": _arming["found"],
+        "frozen_not_searched": _arming["frozen"],
+        "callers": callers,
+    }
+
+
+def disarmed() -> None:
+    """After uninstall(): the registry has restored the flush and TE's class; the layers noted are
+    forgotten (a later install finds them again)."""
+    layers.forget_all()
+    _set("not armed", "uninstalled")
+
+
+def reset_stats() -> None:
+    global _announced
+    with _lock:
+        for key in _counts:
+            _counts[key] = 0
+        _callers.clear()
+        _announced = False
