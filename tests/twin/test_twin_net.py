@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,13 +65,6 @@ _WATCHED: list[Any] = []  # the model chunks whose caches the flush recorder cou
 _SEEN: list[int] = []  # TE FP8 caches left in them after each flush
 
 
-def _recorder() -> None:
-    from harness import gpt_on_twin as gpt
-
-    if _WATCHED:
-        _SEEN.append(gpt.te_float8_entries(_WATCHED))
-
-
 def _start() -> ModuleType:
     """The shim imported first (as its start-up hook would), then TE on the twin: the net arms when
     TE's base module is imported and wraps the flush torch.cuda holds then, here a recorder put in
@@ -84,10 +78,14 @@ def _start() -> ModuleType:
     from harness import gpt_on_twin as gpt
     from harness.te_twin import device
 
+    def recorder() -> None:  # not a module global: the net rebinds the globals that hold the flush it wraps
+        if _WATCHED:
+            _SEEN.append(gpt.te_float8_entries(_WATCHED))
+
     device.install(90)
-    torch.cuda.empty_cache = _recorder  # type: ignore[assignment]
+    torch.cuda.empty_cache = recorder  # type: ignore[assignment]
     gpt.load(RELEASE)
-    assert torch.cuda.empty_cache is not _recorder, "the net wrapped the flush when TE was imported"
+    assert torch.cuda.empty_cache.__wrapped__ is recorder, "the net wrapped the flush when TE was imported"
     return te_offload_shim
 
 
@@ -202,11 +200,15 @@ def _same(a: Run, b: Run) -> None:
 
 
 @twin
-def test_four_offloads_no_row_knows_are_cleared_at_their_flush_bit_identical_to_the_net_off() -> None:
+def test_four_offloads_no_row_knows_are_cleared_at_their_flush_bit_identical_to_the_net_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """AReaL's colocate release, SkyRL's newest offload under a fork's name, verl 0.8.0's function
     under another module name, megatron-core's buffer offload + flush: 8 caches at each flush with
     the net off, 0 with it on; every loss and weight bit-identical; the caches rebuilt every step;
-    flushes between microbatches and between steps clear nothing; TE makes the same kernel calls."""
+    flushes between microbatches and between steps clear nothing; TE makes the same kernel calls;
+    the one first-clearing line names AReaL's release as the flush's caller."""
+    caplog.set_level(logging.INFO, logger="te_offload_shim")
     shim = _start()
     steps = 4
     off = _train(False, steps)
@@ -231,6 +233,9 @@ def test_four_offloads_no_row_knows_are_cleared_at_their_flush_bit_identical_to_
     for where in ("megatron.py", "skyrl_megatron_utils.py", "megatron_utils.py", "test_twin_net.py"):
         assert where in callers, (where, row["callers"])
     assert "verl.utils.megatron_utils" not in sys.modules, "verl's own module (the row's) was never imported"
+    lines = [r.getMessage() for r in caplog.records if "the target table does not know" in r.getMessage()]
+    assert len(lines) == 1 and f"left {ENTRIES} FP8 weight caches" in lines[0], lines
+    assert "awex/megatron.py:" in lines[0] and "in release_memory" in lines[0], lines
 
 
 @twin
@@ -239,13 +244,12 @@ def test_skyrl_lora_offload_and_a_chunk_without_ddp_are_cleared_and_a_layer_half
     CUDA): 0 caches at its flush, training bit-identical to the net off. AReaL's release of a chunk
     without DDP (a reference model, forward only): 0. A layer with one weight left on the device keeps
     its cache while the layer beside it, wholly off, loses its own in the same flush."""
+    shim = _start()
     import torch
     from areal.engine.weight_update.awex.megatron import MegatronColocateBackend
     from forks import skyrl_megatron_utils as skyrl
 
     from harness import gpt_on_twin as gpt
-
-    shim = _start()
 
     def lora(on: bool) -> Run:
         run = Run()
