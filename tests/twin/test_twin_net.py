@@ -66,15 +66,15 @@ _SEEN: list[int] = []  # TE FP8 caches left in them after each flush
 
 
 def _start() -> ModuleType:
-    """The shim imported first (as its start-up hook would), then TE on the twin: the net arms when
-    TE's base module is imported and wraps the flush torch.cuda holds then, here a recorder put in
-    place of the twin's no-op, so the net runs first and the recorder sees what it left and the net
+    """The shim imported before TE (as its start-up hook would be), then TE on the twin: the net arms
+    when TE's base module is imported and wraps the flush torch.cuda holds then, here a recorder put
+    in place of the twin's no-op, so the net runs first, the recorder sees what it left and the net
     sees the real caller. The mirrors on the path. Returns the shim."""
     sys.path[:0] = [str(REPO / "tests" / "mirrors")]
-    import te_offload_shim
     import torch
-    import torch._dynamo  # noqa: F401  (te_twin.load imports it before the device answers change)
+    import torch._dynamo  # te_twin.load imports it before the device answers change
 
+    import te_offload_shim
     from harness import gpt_on_twin as gpt
     from harness.te_twin import device
 
@@ -151,7 +151,11 @@ def _offloads() -> list[tuple[str, Callable[[Any], None], Callable[[Any], None]]
     return [
         ("areal", lambda ddp: areal(ddp).release_memory(["weights"]), areal_reload),
         ("skyrl", lambda ddp: skyrl.offload_to_cpu([ddp]), lambda ddp: skyrl.load_megatron_model_to_gpu([ddp])),
-        ("verl-fork", lambda ddp: fork.offload_megatron_model_to_cpu([ddp]), lambda ddp: fork.load_megatron_model_to_gpu([ddp])),  # fmt: skip
+        (
+            "verl-fork",
+            lambda ddp: fork.offload_megatron_model_to_cpu([ddp]),
+            lambda ddp: fork.load_megatron_model_to_gpu([ddp]),
+        ),
         ("megatron-core", megatron_offload, megatron_reload),
     ]
 
