@@ -193,6 +193,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         "import_output": import_output,  # what importing the targets printed or warned (--import)
         # TE_OFFLOAD_SHIM_AUDIT: the latest residue report of this process (None until an offload ran here)
         "audit": {"enabled": _switches.audit(), "latest": te_offload_shim.stats()["audit"]},
+        "net": shim["net"],  # the flush net (engine/net.py): armed only where TE's PyTorch modules are imported
     }
     report["routes"]["in_force"] = _route_in_force(report["routes"], shim["installed"])
     problems, warnings = _assess(report)
@@ -223,6 +224,8 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
     problems.extend(report["declaration_problems"])
     problems.extend(f"{_switches.TARGETS}: {p}" for p in report["user_target_problems"])
     problems.extend(f"patching failed: {e}" for e in report["hook_errors"])
+    if report["net"]["state"] == "error":
+        problems.append(f"flush net: error: {report['net']['detail']}")
     for row in report["targets"]:
         state = row.get("state") or ""
         if state == "error":
@@ -243,6 +246,27 @@ def _assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
 
 
 _IMPORT_LINES = 20
+
+
+def _net_line(net: dict[str, Any], installed: bool) -> str:
+    """The flush net in one line: its state and why, and what it has cleared in this process."""
+    if net["state"] == "not armed" and installed and net["detail"].startswith("Transformer Engine"):
+        return "on: arms in a process that imports Transformer Engine's PyTorch modules (none here)"
+    line = f"{net['state']}: {net['detail']}"
+    if net["state"] == "armed" or net["flushes"]:
+        line += (
+            f"; {net['flushes']} flushes seen, {net['cleared_flushes']} cleared {net['entries']} caches in "
+            f"{net['layers']} layers ({_human(net['bytes'])}); {net['live_layers']} TE layers known"
+        )
+        if net["callers"]:
+            line += f"; called from {', '.join(net['callers'])}"
+    return line
+
+
+def _human(n: int) -> str:
+    from te_offload_shim._log import human_bytes
+
+    return human_bytes(n)
 
 
 def _yes(value: object) -> str:
@@ -292,6 +316,7 @@ def _print_report(report: dict[str, Any], show_all: bool = False) -> None:
         names = ", ".join(row["name"] for row in absent)
         cells = ["others".ljust(widths[0]), "no".ljust(widths[1]), f"{len(absent)} targets: {names} (every row: --all)"]
         print("  " + "  ".join(cells))
+    print(f"flush net: {_net_line(report['net'], report['shim']['installed_here'])}")
     routes = report["routes"]
     print("activation routes:")
     label = {True: "", False: " (outdated)", None: " (not readable by this user)"}

@@ -137,13 +137,30 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
     except Exception:  # an odd callable: keep torch's name at least
         wraps = functools.wraps(original, assigned=(), updated=())
 
+    before = _untraced(_before_flush)
+
     @wraps
     def empty_cache(*args: Any, **kwargs: Any) -> Any:
         if record.armed and not getattr(_inside, "on", False):
-            _before_flush(label)
+            before(label)
         return original(*args, **kwargs)
 
     return empty_cache
+
+
+def _untraced(function: Callable[[str], None]) -> Callable[[str], None]:
+    """`function`, kept out of TorchDynamo's tracing where it is loaded (TE loads it): a flush
+    called from a `torch.compile`d function then runs the net eagerly at every call (a graph break,
+    as torch's own flush makes), rather than having it traced once into a graph whose guards know
+    nothing of layers offloaded since."""
+    dynamo = sys.modules.get("torch._dynamo")
+    disable = getattr(dynamo, "disable", None)
+    if disable is None:
+        return function
+    try:
+        return disable(function)
+    except Exception:
+        return function
 
 
 def _before_flush(label: str) -> None:
@@ -207,6 +224,10 @@ def _caller() -> str:
     package and torch's own `torch/cuda/memory.py` (whose functions call each other)."""
     try:
         frame: Any = sys._getframe(1)
+        start = frame
+        while frame is not None and not _is_wrapper(frame.f_code):  # up to our wrapper, past a tracing guard
+            frame = frame.f_back
+        frame = start if frame is None else frame
         while frame is not None:
             filename = frame.f_code.co_filename
             if not (filename.startswith(_PACKAGE_DIR) or filename.endswith(_TORCH_MEMORY)):
@@ -215,6 +236,10 @@ def _caller() -> str:
     except Exception:
         pass
     return "<unknown>"
+
+
+def _is_wrapper(code: Any) -> bool:
+    return code.co_name == "empty_cache" and code.co_filename == __file__
 
 
 def _describe(exc: BaseException) -> str:
