@@ -151,7 +151,7 @@ def train_step(
 
     positions = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, SEQ)
 
-    seen = []
+    seen: list[torch.Tensor] = []
 
     def forward_step(data: Iterator[torch.Tensor], model: Any) -> tuple[torch.Tensor, Callable]:
         tokens = next(data)
