@@ -138,11 +138,22 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
         wraps = functools.wraps(original, assigned=(), updated=())
 
     before = _untraced(_before_flush)
+    strict = _switches.strict
 
     @wraps
     def empty_cache(*args: Any, **kwargs: Any) -> Any:
         if record.armed and not getattr(_inside, "on", False):
-            before(label)
+            # What this closure holds still works while the interpreter tears modules down (their
+            # globals set to None, TorchDynamo's too): whatever fails then, the flush runs.
+            try:
+                before(label)
+            except Exception:
+                try:
+                    raising = strict()
+                except Exception:
+                    raising = False
+                if raising:
+                    raise
         return original(*args, **kwargs)
 
     return empty_cache

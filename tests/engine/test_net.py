@@ -1,0 +1,359 @@
+"""The flush net (engine/net.py): `torch.cuda.empty_cache` clears the FP8 caches of every TE layer
+whose weights have left the device, whatever function led to the flush; nothing else.
+
+Every test runs in a fresh interpreter on TE's own layers (TE 2.20.2 on the CPU twin), with the
+table's rows out of play (`TE_OFFLOAD_SHIM_DISABLE=*`) unless it says otherwise: what clears
+here is the net alone. The twin answers `Tensor.is_cuda` for its CPU tensors, so a twin weight with
+bytes is "on the device" and one resized to zero bytes has left it (te/placement.py's seam).
+This module imports nothing heavy at its top: the fresh interpreters import it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import pytest
+
+NO_TABLE = {"TE_OFFLOAD_SHIM_DISABLE": "*"}
+
+
+def _cuda() -> Any:
+    """`torch.cuda`, untyped: the flushes under test return what they wrap (a recorder's token), not
+    the None torch's stubs declare."""
+    import torch
+
+    return torch.cuda
+
+
+def _flush_from_an_unknown_offload() -> None:
+    import torch
+
+    torch.cuda.empty_cache()  # the line the log must name
+
+
+def _net_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "the target table does not know" in r.getMessage()]
+
+
+@pytest.mark.subprocess()
+def test_a_process_without_te_keeps_torchs_own_flush_function() -> None:
+    import torch
+
+    import te_offload_shim
+
+    own = vars(torch.cuda.memory)["empty_cache"]
+    assert torch.cuda.empty_cache is own, "torch.cuda.empty_cache is the very function torch defines"
+    assert own.__code__.co_filename.endswith("torch/cuda/memory.py") and not hasattr(own, "__wrapped__")
+    assert "te_offload_shim.engine.net" not in sys.modules, "nothing of the net is loaded without TE"
+    net = te_offload_shim.status()["net"]
+    assert net["state"] == "not armed" and "not imported" in net["detail"]
+    assert te_offload_shim.stats()["net"]["flushes"] == 0
+
+
+@pytest.mark.subprocess(env={**NO_TABLE, "RANK": "0"})
+def test_an_offloaded_layer_is_cleared_at_the_flush_and_the_line_names_the_caller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from support import net_case
+
+    import te_offload_shim
+
+    te = net_case.load()
+    caplog.set_level(logging.NOTSET, logger="te_offload_shim")
+    logging.getLogger().setLevel(logging.WARNING)
+    offloaded, kept, swapped = (net_case.cached_linear(te, seed) for seed in range(3))
+    net_case.offload_like_megatron(offloaded)
+    net_case.offload_like_areal(swapped)
+    _flush_from_an_unknown_offload()
+
+    assert (net_case.entries(offloaded), net_case.entries(kept), net_case.entries(swapped)) == (0, 1, 0)
+    records = _net_records(caplog)
+    assert len(records) == 1 and records[0].levelno == logging.WARNING, "the first clearing, seen on rank 0"
+    line = _flush_from_an_unknown_offload.__code__.co_firstlineno + 3
+    assert records[0].getMessage() == (
+        "te_offload_shim: [rank 0] an offload the target table does not know left 2 FP8 weight caches "
+        f"({te_offload_shim.stats()['net']['bytes'] / 1024:.2f} KiB) in 2 layers; cleared at "
+        f"torch.cuda.empty_cache called from {__file__}:{line} in _flush_from_an_unknown_offload"
+    )
+    net = te_offload_shim.status()["net"]
+    assert net["state"] == "armed" and net["flushes"] == 1 and net["cleared_flushes"] == 1
+    assert (net["layers"], net["entries"], net["live_layers"]) == (2, 2, 3)
+    assert net["bytes"] == te_offload_shim.stats()["net"]["bytes"] > 0
+    assert net["callers"] == [f"{__file__}:{line} in _flush_from_an_unknown_offload"]
+    assert te_offload_shim.stats()["entries"] == 0, "the table's totals stay the table's"
+
+    net_case.offload_like_megatron(kept)
+    _flush_from_an_unknown_offload()
+    assert net_case.entries(kept) == 0
+    assert len(_net_records(caplog)) == 1, "later clearings log at DEBUG"
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_flushes_between_microbatches_and_steps_clear_nothing_and_change_no_kernel_call() -> None:
+    import os
+
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+    from harness.te_twin import counters
+
+    te = net_case.load()
+
+    def train(net: str) -> tuple[Any, list[float], list[torch.Tensor]]:
+        os.environ["TE_OFFLOAD_SHIM_NET"] = net  # read at every flush
+        layers = [net_case.cached_linear(te, seed) for seed in (7, 8)]
+        losses = []
+        with counters.counting():
+            for _step in range(2):
+                for microbatch in range(2):
+                    for layer in layers:
+                        losses.append(float(net_case.forward(layer, is_first_microbatch=microbatch == 0)))
+                    torch.cuda.empty_cache()  # between microbatches, weights on the device
+                torch.cuda.empty_cache()  # between steps
+                assert all(net_case.entries(layer) == 1 for layer in layers)
+        return counters.calls.copy(), losses, [p.detach().clone() for layer in layers for p in layer.parameters()]
+
+    on = train("1")
+    seen = te_offload_shim.stats()["net"]
+    off = train("0")
+    assert seen["flushes"] == 6 and seen["cleared_flushes"] == 0 and seen["entries"] == 0
+    assert on[0] == off[0] and sum(on[0].values()) > 0, "the same TE kernel calls, one by one"
+    assert on[1] == off[1], "the same losses"
+    assert all(torch.equal(a, b) for a, b in zip(on[2], off[2], strict=True))
+    assert te_offload_shim.stats()["net"]["flushes"] == 6, "TE_OFFLOAD_SHIM_NET=0 leaves every flush alone"
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_a_layer_half_on_the_device_is_left_alone() -> None:
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+
+    te = net_case.load()
+    half = net_case.cached_linear(te)
+    half.weight.data.untyped_storage().resize_(0)  # the bias stays on the device
+    torch.cuda.empty_cache()
+    assert net_case.entries(half) == 1
+    assert te_offload_shim.status()["net"]["cleared_flushes"] == 0
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_NET": "0", "TE_OFFLOAD_SHIM_TARGETS": "shim_targets:offload"})
+def test_switched_off_the_flush_stays_as_it_was_and_the_table_still_clears() -> None:
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+
+    net_case.install_device()
+    before = torch.cuda.empty_cache  # the twin's flush, in place before TE is imported
+    te = net_case.load()
+    assert torch.cuda.empty_cache is before
+    assert te_offload_shim.status()["net"]["state"] == "off"
+    layer = net_case.cached_linear(te)
+    net_case.offload_like_megatron(layer)
+    torch.cuda.empty_cache()
+    assert net_case.entries(layer) == 1, "the net is off"
+    net_case.use_targets()
+    import shim_targets
+
+    shim_targets.offload([layer])
+    assert net_case.entries(layer) == 0 and te_offload_shim.stats()["entries"] == 1, "the table still works"
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_switched_off_at_run_time_every_flush_is_left_alone() -> None:
+    import os
+
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+
+    te = net_case.load()
+    layer = net_case.cached_linear(te)
+    net_case.offload_like_megatron(layer)
+    os.environ["TE_OFFLOAD_SHIM_NET"] = "0"
+    torch.cuda.empty_cache()
+    assert net_case.entries(layer) == 1
+    assert te_offload_shim.status()["net"]["state"] == "off"
+    os.environ["TE_OFFLOAD_SHIM"] = "0"
+    os.environ["TE_OFFLOAD_SHIM_NET"] = "1"
+    torch.cuda.empty_cache()
+    assert net_case.entries(layer) == 1, "TE_OFFLOAD_SHIM=0 turns everything off"
+    del os.environ["TE_OFFLOAD_SHIM"]
+    torch.cuda.empty_cache()
+    assert net_case.entries(layer) == 0
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_uninstall_puts_back_exactly_the_flush_functions_their_aliases_and_tes_class(tmp_path: Any) -> None:
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+
+    net_case.install_device()
+    twin_flush = torch.cuda.empty_cache  # what torch.cuda holds when the net arms: the twin's
+    torch_flush = vars(torch.cuda.memory)["empty_cache"]  # torch's own, still in torch.cuda.memory
+    (tmp_path / "flush_alias.py").write_text("from torch.cuda.memory import empty_cache\n")
+    sys.path.insert(0, str(tmp_path))
+    import flush_alias
+
+    te = net_case.load()
+    base = sys.modules["transformer_engine.pytorch.module.base"].TransformerEngineBaseModule
+    assert _cuda().empty_cache is not twin_flush and _cuda().empty_cache.__wrapped__ is twin_flush
+    assert _cuda().memory.empty_cache.__wrapped__ is torch_flush
+    assert flush_alias.empty_cache is torch.cuda.memory.empty_cache, "an alias made before is rebound"
+    hooked_init = vars(base)["__init__"]
+
+    te_offload_shim.uninstall()
+    assert torch.cuda.empty_cache is twin_flush
+    assert vars(torch.cuda.memory)["empty_cache"] is torch_flush and flush_alias.empty_cache is torch_flush
+    assert vars(base)["__init__"] is hooked_init.__wrapped__
+    assert te_offload_shim.status()["net"]["state"] == "not armed"
+    layer = net_case.cached_linear(te)
+    net_case.offload_like_megatron(layer)
+    torch.cuda.empty_cache()
+    assert net_case.entries(layer) == 1
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "shim_targets:offload"})
+def test_a_flush_after_a_table_target_cleared_finds_nothing_and_says_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+
+    te = net_case.load()
+    caplog.set_level(logging.DEBUG, logger="te_offload_shim")
+    net_case.use_targets()
+    import shim_targets
+
+    layer = net_case.cached_linear(te)
+    shim_targets.offload([layer])  # the table clears (and, like any offload, the weights then leave)
+    net_case.offload_like_megatron(layer)
+    torch.cuda.empty_cache()
+    assert te_offload_shim.stats()["entries"] == 1
+    net = te_offload_shim.stats()["net"]
+    assert net["flushes"] == 1 and net["cleared_flushes"] == 0 and net["entries"] == 0
+    assert _net_records(caplog) == []
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_layers_built_before_the_shim_are_found_and_none_is_kept_alive() -> None:
+    import gc
+    import weakref
+
+    import torch
+    from support import net_case
+
+    te = net_case.load()
+    early = [net_case.cached_linear(te, seed) for seed in range(2)]
+    import te_offload_shim  # after TE: the net arms now, and finds the layers built already
+
+    net = te_offload_shim.status()["net"]
+    assert net["state"] == "armed" and net["found_at_arming"] == 2 == net["live_layers"]
+    late = net_case.cached_linear(te, 5)
+    for layer in [*early, late]:
+        net_case.offload_like_megatron(layer)
+    torch.cuda.empty_cache()
+    assert [net_case.entries(layer) for layer in [*early, late]] == [0, 0, 0]
+    refs = [weakref.ref(layer) for layer in [*early, late]]
+    del early, late, layer
+    gc.collect()
+    assert all(ref() is None for ref in refs), "the net keeps no layer alive"
+    assert te_offload_shim.status()["net"]["live_layers"] == 0
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_cuda_graphed_layers_are_left_alone_by_their_own_marks() -> None:
+    import types
+
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+
+    te = net_case.load()
+    by_config, by_te_mark, plain = (net_case.cached_linear(te, seed) for seed in range(3))
+    # Megatron's TE wrappers keep their TransformerConfig on the layer (`self.config = config`)
+    by_config.config = types.SimpleNamespace(cuda_graph_impl="transformer_engine")
+    # what TE's make_graphed_callables leaves on a module: a `forward` of TE's graph module
+    graph_globals = {"__name__": "transformer_engine.pytorch.graph"}
+    by_te_mark.forward = types.FunctionType(compile("def new_fwd(): pass", "graph", "exec").co_consts[0], graph_globals)
+    for layer in (by_config, by_te_mark, plain):
+        net_case.offload_like_megatron(layer)
+    torch.cuda.empty_cache()
+    assert (net_case.entries(by_config), net_case.entries(by_te_mark), net_case.entries(plain)) == (1, 1, 0)
+    assert te_offload_shim.stats()["net"]["skipped"] == 2
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_a_failing_net_warns_once_and_the_flush_runs_and_strict_mode_raises(caplog: pytest.LogCaptureFixture) -> None:
+    import os
+
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+    from te_offload_shim.te import caches
+
+    net_case.install_device()
+    calls: list[int] = []
+    torch.cuda.empty_cache = lambda: calls.append(1) or "flushed"  # type: ignore[assignment,func-returns-value]
+    te = net_case.load()
+    layer = net_case.cached_linear(te)
+    net_case.offload_like_megatron(layer)
+
+    def broken(layers: list[Any], *, strict: bool | None = None) -> Any:
+        raise RuntimeError("the net's own bug")
+
+    caches.clear_layers = broken  # type: ignore[assignment]
+    assert _cuda().empty_cache() == "flushed" and _cuda().empty_cache() == "flushed"
+    assert calls == [1, 1]
+    assert [r.getMessage() for r in caplog.records if "flush net failed" in r.getMessage()] == [
+        "te_offload_shim: the flush net failed (RuntimeError: the net's own bug); the flush goes on without it"
+    ]
+    assert te_offload_shim.stats()["net"]["errors"] == 2
+    os.environ["TE_OFFLOAD_SHIM_STRICT"] = "1"
+    with pytest.raises(RuntimeError, match="the net's own bug"):
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.subprocess(env={**NO_TABLE, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0"})
+def test_a_reshard_of_torchs_fsdp_is_never_taken_for_an_offload() -> None:
+    """torch's FSDP1 on the CPU (gloo, world size 1) around TE's layer: its parameters carry FSDP's
+    own mark, so flushes between microbatches clear nothing, nor after FSDP's own `_free_storage`
+    frees the flat parameter as a reshard does (at world size 1 FSDP does not reshard by itself)."""
+    import torch
+    import torch.distributed as dist
+    from support import net_case
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.utils import _free_storage
+
+    import te_offload_shim
+
+    te = net_case.load()
+    dist.init_process_group("gloo", world_size=1, rank=0)
+    try:
+        for use_orig_params in (False, True):
+            layer = te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32)
+            wrapped = FullyShardedDataParallel(layer, device_id=torch.device("cpu"), use_orig_params=use_orig_params)
+            for microbatch in range(2):
+                net_case.forward(wrapped, is_first_microbatch=microbatch == 0)
+                torch.cuda.empty_cache()
+            assert net_case.entries(layer) == 1
+            for param in wrapped.parameters():
+                _free_storage(param.data)  # the state a reshard leaves: the flat parameter's storage freed
+            assert all(p.untyped_storage().nbytes() == 0 for p in layer.parameters())
+            torch.cuda.empty_cache()
+            assert net_case.entries(layer) == 1, f"use_orig_params={use_orig_params}: a reshard is no offload"
+    finally:
+        dist.destroy_process_group()
+    assert te_offload_shim.stats()["net"]["cleared_flushes"] == 0

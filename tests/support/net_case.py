@@ -1,0 +1,83 @@
+"""TE's own layers on the CPU twin, for the flush net's tests: built, cached by TE's own FP8
+forward, and offloaded the ways the frameworks do it (imported inside a fresh interpreter)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+RELEASE = "2.20.2"
+HIDDEN = 32
+TOKENS = 16  # FP8 GEMMs need the leading dims divisible by 8, the last by 16
+
+
+def load() -> Any:
+    """TE's `transformer_engine.pytorch` on the twin (once per interpreter)."""
+    from harness import te_twin
+
+    return te_twin.load(RELEASE)
+
+
+def cached_linear(te: Any, seed: int = 0) -> Any:
+    """A `te.Linear` whose `_fp8_workspaces` TE's own forward (delayed scaling) has filled."""
+    import torch
+
+    torch.manual_seed(seed)
+    layer = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.float32)
+    forward(layer, is_first_microbatch=True)
+    assert layer._fp8_workspaces, "TE's FP8 forward caches the quantized weight"
+    return layer
+
+
+def forward(layer: Any, *, is_first_microbatch: bool | None, seed: int = 1) -> Any:
+    """One FP8 forward and backward (delayed scaling); returns the loss."""
+    import torch
+    from transformer_engine.common.recipe import DelayedScaling
+
+    from harness import te_twin
+
+    torch.manual_seed(seed)
+    x = torch.randn(TOKENS, HIDDEN, requires_grad=True)
+    with te_twin.autocast(DelayedScaling()):
+        y = layer(x, is_first_microbatch=is_first_microbatch)
+    loss = y.float().pow(2).mean()
+    loss.backward()
+    return loss.detach()
+
+
+def offload_like_megatron(layer: Any) -> None:
+    """What megatron-core's buffer `offload_to_cpu` and verl's `storage().resize_(0)` leave: every
+    weight's storage resized to zero bytes (the tensors keep their shapes)."""
+    for param in layer.parameters():
+        param.data.untyped_storage().resize_(0)
+
+
+def offload_like_areal(layer: Any) -> None:
+    """AReaL's release of a chunk outside a DDP buffer: `param.data = torch.empty(0, device="cpu")`."""
+    import torch
+
+    for param in layer.parameters():
+        param.data = torch.empty(0, device="cpu")
+
+
+def entries(layer: Any) -> int:
+    return len(layer._fp8_workspaces)
+
+
+def install_device() -> None:
+    """The twin's device answers in place before TE is imported (as `load` does it: torch's compiler
+    stack first, which reads the real build's CUDA status at its import)."""
+    import torch._dynamo  # noqa: F401
+
+    from harness.te_twin import device
+
+    device.install()
+
+
+def use_targets() -> None:
+    """Put tests/hostile/targets (`shim_targets`, for `TE_OFFLOAD_SHIM_TARGETS`) on the path."""
+    import sys
+    from pathlib import Path
+
+    targets = str(Path(__file__).resolve().parents[1] / "hostile" / "targets")
+    if targets not in sys.path:
+        sys.path.insert(0, targets)
