@@ -1,7 +1,7 @@
 """Every benchmark, one table: each figure a median over repeated runs, side by side with the
 reference it is compared against (measured in the same run), and the ratio ours / reference.
 
-    benchmarks/run.sh [--quick] [--only walk,offload,residue,startup,gpu] [--json PATH]
+    benchmarks/run.sh [--quick] [--only walk,net,offload,residue,startup,gpu] [--json PATH]
 
 Each benchmark runs in a fresh interpreter of its own (they put different verl releases on the
 path, and start-up must be measured from a clean process). The table is printed and written as
@@ -25,8 +25,8 @@ from _common import QUICK_NOTE, REPO, Parser, output_file, parse_result, quiet_e
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "latest.json"
-SCRIPTS = {"walk": "walk.py", "offload": "offload_overhead.py", "residue": "residue.py"}
-ORDER = ("startup", "walk", "offload", "residue", "gpu")
+SCRIPTS = {"walk": "walk.py", "net": "net.py", "offload": "offload_overhead.py", "residue": "residue.py"}
+ORDER = ("startup", "walk", "net", "offload", "residue", "gpu")
 
 
 def _script(name: str, extra: list[str], timeout: int = 900) -> dict[str, Any]:

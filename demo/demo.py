@@ -2,7 +2,10 @@
 
 Runs verl's real `offload_megatron_model_to_cpu` (verl 0.8.0, no upstream fix) on a real
 megatron-core GPTModel in megatron DDP, once without the shim and once with `import te_offload_shim`
-first, each in a fresh interpreter, and prints the FP8 weight caches that stay resident.
+first, each in a fresh interpreter, and prints the FP8 weight caches that stay resident. A third
+run shows the flush net: the same function loaded under another module name, as a fork's copy is
+(`fork_of_verl.megatron_utils`), which no row of the target table watches; the shim's net clears
+the caches at the copy's own `torch.cuda.empty_cache()` and logs who called it.
 
 On a CPU machine the model is built from Transformer Engine's own layers
 (`get_gpt_layer_with_transformer_engine_spec()`), TE's Python from its PyPI wheel running on a CPU
@@ -25,15 +28,26 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 GIB = 1024**3
 STEP_LOSSES = 2  # microbatches per step
+CASES = ("without", "with", "net")
+LABELS = {"without": "without the shim", "with": "with the shim", "net": "a fork's copy (net)"}
+FORK = "fork_of_verl.megatron_utils"  # the module name the net case loads verl's file under
 
 
-def one_case(shim: bool, layers: int, hidden: int, te: str) -> dict:
+def one_case(mode: str, layers: int, hidden: int, te: str) -> dict:
+    shim = mode != "without"
     if shim:
         import te_offload_shim  # noqa: F401  - what a user adds: the whole fix
+    lines = _net_lines() if mode == "net" else []
+    result = _run_case(mode, shim, layers, hidden, te)
+    return {**result, "mode": mode, "net_lines": lines}
+
+
+def _run_case(mode: str, shim: bool, layers: int, hidden: int, te: str) -> dict:
     import torch
 
     if torch.cuda.is_available():
@@ -44,10 +58,41 @@ def one_case(shim: bool, layers: int, hidden: int, te: str) -> dict:
     if not te_releases.installed(te):  # checked first: a failed load leaves the twin's CUDA answers behind
         return _standin_case(shim, layers, hidden, f"TE {te} is not in {te_releases.folder(te)} (setup-env.sh)")
     gpt_on_twin.load(te)
-    return _twin_case(shim, layers, hidden, te)
+    return _twin_case(mode, shim, layers, hidden, te)
 
 
-def _twin_case(shim: bool, layers: int, hidden: int, te: str) -> dict:
+def _net_lines() -> list[str]:
+    """The shim's log lines about the net, collected for the report (the first net clearing logs
+    one line at the level of the first-clearing line)."""
+    import logging
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "the target table does not know" in record.getMessage():
+                lines.append(record.getMessage())
+
+    logging.getLogger("te_offload_shim").addHandler(Collect())
+    return lines
+
+
+def _fork_copy() -> object:
+    """verl's own file, imported under another module name: a fork's copy of the function."""
+    import importlib.util
+
+    import verl
+
+    path = Path(verl.__file__).parent / "utils" / "megatron_utils.py"
+    spec = importlib.util.spec_from_file_location(FORK, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[FORK] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _twin_case(mode: str, shim: bool, layers: int, hidden: int, te: str) -> dict:
     """TE's own modules on the twin: a step, verl's offload and reload, another step."""
     import torch
 
@@ -56,14 +101,20 @@ def _twin_case(shim: bool, layers: int, hidden: int, te: str) -> dict:
     ddp = gpt.build("hybrid", layers=layers, hidden=hidden)
     losses = gpt.train_step(ddp, 0)
     before = {"caches": gpt.cache_state([ddp])}
-    from verl.utils import megatron_utils
-    from verl.workers.engine.megatron import transformer_impl  # verl's caller, as verl imports it
+    if mode == "net":
+        fork: Any = _fork_copy()
+        offload, reload = fork.offload_megatron_model_to_cpu, fork.load_megatron_model_to_gpu
+    else:
+        from verl.utils import megatron_utils
+        from verl.workers.engine.megatron import transformer_impl  # verl's caller, as verl imports it
+
+        offload, reload = transformer_impl.offload_megatron_model_to_cpu, megatron_utils.load_megatron_model_to_gpu
 
     resident_before = _resident([ddp], cuda=False)
-    transformer_impl.offload_megatron_model_to_cpu([ddp])
+    offload([ddp])
     after = {"caches": gpt.cache_state([ddp])}
     resident = {"before": resident_before, "after": _resident([ddp], cuda=False)}
-    megatron_utils.load_megatron_model_to_gpu([ddp])
+    reload([ddp])
     losses += gpt.train_step(ddp, 1)
     return {
         "shim": shim,
@@ -120,12 +171,12 @@ def fmt(n: int | None) -> str:
 def print_resident(results: list[dict]) -> None:
     """`te_offload_shim.residue` before and after each offload: every category the model holds there."""
     rows = [("before the offload", results[0]["resident"]["before"])]
-    rows += [(f"after, {'with' if r['shim'] else 'without'} the shim", r["resident"]["after"]) for r in results]
+    rows += [(f"after, {LABELS[r['mode']]}", r["resident"]["after"]) for r in results]
     names = [n for n in rows[0][1] if any(row[n] for _, row in rows)]
     print(f"Resident on the {results[0]['device']} by category (te_offload_shim.residue):")
-    print(f"{'':<26}" + "".join(f"{n:>16}" for n in [*names, "total"]))
+    print(f"{'':<31}" + "".join(f"{n:>16}" for n in [*names, "total"]))
     for label, row in rows:
-        print(f"{label:<26}" + "".join(f"{fmt(row[n]):>16}" for n in names) + f"{fmt(sum(row.values())):>16}")
+        print(f"{label:<31}" + "".join(f"{fmt(row[n]):>16}" for n in names) + f"{fmt(sum(row.values())):>16}")
 
 
 def print_losses(results: list[dict]) -> bool:
@@ -133,13 +184,12 @@ def print_losses(results: list[dict]) -> bool:
     print("Losses, step 1 | step 2 after the offload and reload (2 microbatches each):")
     for r in results:
         values = [f"{v:.7f}" for v in r["losses"]]
-        label = "with the shim" if r["shim"] else "without the shim"
-        print(f"  {label:<20}" + " ".join(values[:STEP_LOSSES]) + " | " + " ".join(values[STEP_LOSSES:]))
-    without, with_ = results
-    same = without["loss_bits"] == with_["loss_bits"]
+        print(f"  {LABELS[r['mode']]:<22}" + " ".join(values[:STEP_LOSSES]) + " | " + " ".join(values[STEP_LOSSES:]))
+    without = results[0]
+    same = all(r["loss_bits"] == without["loss_bits"] for r in results)
     n = len(without["loss_bits"])
     verdict = f"bit-identical ({n} of {n})" if same else "DIFFERENT"
-    print(f"With and without the shim the losses are {verdict}.")
+    print(f"In the {len(results)} runs the losses are {verdict}.")
     return same
 
 
@@ -170,7 +220,7 @@ def main() -> int:
     parser.add_argument("--hidden", type=_count(16, 16), default=512, help=hidden_help)
     parser.add_argument("--verl", default="0.8.0", help=f"verl release, one of {', '.join(installed) or 'none'}")
     parser.add_argument("--te", default=RELEASES[0], help=f"TE release on the CPU twin, one of {', '.join(RELEASES)}")
-    parser.add_argument("--case", choices=["with", "without"], help=argparse.SUPPRESS)
+    parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.verl not in installed:
         parser.error(f"verl {args.verl} is not set up here (scripts/setup-env.sh installs {', '.join(installed)})")
@@ -181,14 +231,14 @@ def main() -> int:
         import warnings
 
         warnings.filterwarnings("ignore")
-        result = one_case(args.case == "with", args.layers, args.hidden, args.te)
+        result = one_case(args.case, args.layers, args.hidden, args.te)
         print("RESULT " + json.dumps(result))
         return 0
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / ".deps" / f"verl-{args.verl}")]))
     env.pop("TE_OFFLOAD_SHIM", None)
     procs = []
-    for case in ("without", "with"):  # two fresh interpreters, side by side (most of each is imports)
+    for case in CASES:  # three fresh interpreters, side by side (most of each is imports)
         cmd = [sys.executable, __file__, "--case", case, "--layers", str(args.layers), "--hidden", str(args.hidden)]
         cmd += ["--te", args.te]
         case_env = dict(env, TE_OFFLOAD_SHIM="0") if case == "without" else env
@@ -205,7 +255,7 @@ def main() -> int:
 
 
 def report(results: list[dict], args: argparse.Namespace) -> int:
-    without, with_ = results
+    without, with_, net = results
     device, twin = without["device"], without["backend"] == "twin"
     print(
         f"verl {args.verl} offload_megatron_model_to_cpu on a megatron-core GPTModel ({args.layers} layers, "
@@ -215,18 +265,20 @@ def report(results: list[dict], args: argparse.Namespace) -> int:
         print(
             f"Layers from TE's layer spec: Transformer Engine {without['te']}'s own modules (its PyPI wheel) on a CPU "
             "twin of its compiled extension;\nthe FP8 caches are the ones TE's forward made (FP8 delayed scaling). "
-            "Each run: a training step, the offload, the reload, another step."
+            "Each run: a training step, the offload, the reload, another step.\n"
+            f"The third run offloads with verl's function loaded as module {FORK} (a fork's copy: no row of the "
+            "target table watches it);\nonly the shim's flush net sees it, at the copy's torch.cuda.empty_cache()."
         )
     else:
         print(f"(stand-ins: {without['why']}; the caches are stand-ins in TE's layout holding real bytes, no training)")
     print()
-    header = f"{'':<22}{'FP8 caches before':>20}{'after offload':>16}{'bytes after':>16}"
+    header = f"{'':<24}{'FP8 caches before':>18}{'after offload':>16}{'bytes after':>16}"
     if device == "cuda":
         header += f"{'allocated after':>18}{'reserved after':>17}{'driver free after':>20}"
     print(header)
     for r in results:
         row = (
-            f"{'with the shim' if r['shim'] else 'without the shim':<22}{r['before']['caches']['entries']:>20}"
+            f"{LABELS[r['mode']]:<24}{r['before']['caches']['entries']:>18}"
             f"{r['after']['caches']['entries']:>16}{fmt(r['after']['caches']['bytes']):>16}"
         )
         if device == "cuda":
@@ -238,15 +290,21 @@ def report(results: list[dict], args: argparse.Namespace) -> int:
     same = print_losses(results) if twin else True
     if twin:
         print()
+    for line in net["net_lines"][:1]:
+        print(f"The net's log line:\n  {line}\n")
     print(
         f"Left resident without the shim: {without['after']['caches']['entries']} cached FP8 weights, "
         f"{fmt(without['after']['caches']['bytes']).strip()}; with it: {with_['after']['caches']['entries']}, "
-        f"{fmt(with_['after']['caches']['bytes']).strip()}."
+        f"{fmt(with_['after']['caches']['bytes']).strip()}; by the fork's copy, the net on: "
+        f"{net['after']['caches']['entries']}."
     )
     if without["after"]["caches"]["entries"] == 0:
         # verl 0.9.0+ clears its own caches: the shim steps aside, and both rows are clean.
         print(f"verl {args.verl} clears the caches itself (fixed upstream): the shim stays out of its way.")
-    return 0 if with_["after"]["caches"]["entries"] == 0 and same else 1
+    if not twin:
+        print("(the net needs TE's own modules: with stand-ins the third run is verl's own offload with the shim)")
+    netted = net["after"]["caches"]["entries"] == 0 or not twin
+    return 0 if with_["after"]["caches"]["entries"] == 0 and netted and same else 1
 
 
 if __name__ == "__main__":

@@ -74,9 +74,19 @@ def init_world() -> None:
         parallel_state.initialize_model_parallel(1, 1)
 
 
-def build(fp8: str, *, layers: int = 2, hidden: int = 64, heads: int = 4) -> Any:
+def build(
+    fp8: str,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    frozen: Callable[[str], bool] | None = None,
+    wrap: bool = True,
+) -> Any:
     """A freshly seeded GPTModel from TE's layer spec, FP8 `fp8` ("hybrid" or "e4m3"), in megatron
-    DDP. Typed `Any`: megatron ships no types."""
+    DDP (`wrap=False`: the bare model, as a reference model is built). `frozen(name)`: the parameters
+    it names have `requires_grad=False` before DDP is built, so they stay out of its buffers (the base
+    weights of a LoRA run). Typed `Any`: megatron ships no types."""
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.models.gpt import GPTModel
@@ -108,6 +118,11 @@ def build(fp8: str, *, layers: int = 2, hidden: int = 64, heads: int = 4) -> Any
     )
     config.finalize_model_grads_func = finalize_model_grads
     model = GPTModel(config, get_gpt_layer_with_transformer_engine_spec(), vocab_size=VOCAB, max_sequence_length=SEQ)
+    for name, param in model.named_parameters():
+        if frozen is not None and frozen(name):
+            param.requires_grad_(False)
+    if not wrap:
+        return model
     return DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
 
 
@@ -118,17 +133,31 @@ def _tokens(step: int, microbatch: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (MICRO_BATCH, SEQ + 1), generator=g)
 
 
-def train_step(ddp: Any, step: int, microbatches: int = 2) -> list[torch.Tensor]:
+def train_step(
+    ddp: Any,
+    step: int,
+    microbatches: int = 2,
+    *,
+    between: Callable[[int], None] | None = None,
+    forward_only: bool = False,
+) -> list[torch.Tensor]:
     """One optimizer step of `microbatches` microbatches through Megatron's schedule (which marks
     the first microbatch, so TE quantizes each weight once and reuses its cache for the others, and
-    runs `finalize_model_grads`), then SGD on `main_grad`. Returns the microbatches' losses."""
+    runs `finalize_model_grads`), then SGD on `main_grad` (frozen parameters left alone). Returns
+    the microbatches' losses. `between(i)` runs before the forward of every microbatch i > 0;
+    `forward_only`: the schedule's forward-only pass and no update (`ddp` may be a bare model)."""
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     positions = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, SEQ)
 
+    seen: list[torch.Tensor] = []
+
     def forward_step(data: Iterator[torch.Tensor], model: Any) -> tuple[torch.Tensor, Callable]:
         tokens = next(data)
+        if seen and between is not None:
+            between(len(seen))
+        seen.append(tokens)
         output = model(tokens[:, :-1], positions, None, labels=tokens[:, 1:])
 
         def loss_func(per_token: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -137,7 +166,8 @@ def train_step(ddp: Any, step: int, microbatches: int = 2) -> list[torch.Tensor]
 
         return output, loss_func
 
-    ddp.zero_grad_buffer()
+    if not forward_only:
+        ddp.zero_grad_buffer()
     data = iter([_tokens(step, mb) for mb in range(microbatches)])
     out = get_forward_backward_func()(
         forward_step_func=forward_step,
@@ -146,11 +176,13 @@ def train_step(ddp: Any, step: int, microbatches: int = 2) -> list[torch.Tensor]
         num_microbatches=microbatches,
         seq_length=SEQ,
         micro_batch_size=MICRO_BATCH,
-        forward_only=False,
+        forward_only=forward_only,
     )
-    with torch.no_grad():
-        for param in ddp.module.parameters():
-            param -= LR * param.main_grad  # in place: the parameter is a view of the DDP buffer
+    if not forward_only:
+        with torch.no_grad():
+            for param in ddp.module.parameters():
+                if param.requires_grad:
+                    param -= LR * param.main_grad  # in place: the parameter is a view of the DDP buffer
     return [record["loss"] for record in out]
 
 

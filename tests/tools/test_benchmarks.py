@@ -86,6 +86,30 @@ def test_walk_both_sides_clear_the_same_tree() -> None:
     _assert_within_width(stdout)
 
 
+def test_net_check_clears_nothing_on_the_device_and_without_te_the_flush_is_torchs_own() -> None:
+    _verl("0.9.1")
+    result, stdout = _run("net.py", "--quick")
+    assert [r["case"].split(":")[0] for r in result["rows"]] == ["nothing to clear"] * 2 + ["TE never imported"]
+    for case in result["cases"]:
+        assert case["te_layers"] >= 100 and case["live_layers"] == case["te_layers"], case
+        assert case["modules"] > 3 * case["te_layers"] and case["entries"] > case["te_layers"]
+        # every timed call of ours was a flush the net looked at, and it cleared nothing (net.py also
+        # checks every cache was still there; verl's walk cleared them all, every time)
+        assert case["net_flushes"] == case["repeats"] and case["net_cleared"] == 0, case
+        assert case["ours_s"] > 0 and case["reference_s"] > 0
+    probe = result["no_te"]
+    assert probe == {
+        "same_object": True,
+        "module": "torch.cuda.memory",
+        "file": "torch/cuda/memory.py",
+        "wrapped": False,
+        "te_imported": False,
+        "net": "not armed",
+    }, probe
+    assert "flush net" in stdout and _common.QUICK_NOTE in stdout
+    _assert_within_width(stdout)
+
+
 def test_residue_audit_runs_the_audit_and_counts_the_resident_tree() -> None:
     result, stdout = _run("residue.py", "--quick")
     (case,) = result["cases"]

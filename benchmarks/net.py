@@ -1,0 +1,139 @@
+"""The flush net's check of a flush with nothing to clear, against verl 0.9.1's own walk
+(`_clear_te_fp8_weight_workspaces`, imported from the real release) over the same model.
+
+Frameworks flush the allocator often (between rollouts, after each offload of the optimizer, the
+grads, the weights), and the net looks at every flush: when every TE layer's weights are on the
+device it must find that out cheaply. Ours: what the net's wrapper does before it calls torch's
+flush (`te_offload_shim.engine.net`'s per-flush check: the live TE layers from the weak registry,
+each layer's own parameters asked whether they left the device), with every layer's weights on the
+device, so nothing is cleared. Reference: verl 0.9's walk over the same model, which is what verl
+does at each of its offloads (`model_chunk.modules()`, a `getattr` on each, the caches cleared; the
+same cache values put back before each of its calls, untimed).
+
+The model: the clearing walk's MoE-like tree (benchmarks/walk.py: 21 modules per layer, 6 of them
+TE layers), with enough layers for 4,000 and 100,000 TE layers; each TE layer noted in the net's
+registry as TE's base-class hook notes a layer it builds (`te.layers.note`). The TE layers are
+stand-ins of TE's shape (harness/te_standins.py: 100,000 of TE's own modules would take minutes to
+build on the twin): the check reads only a layer's own `_parameters`, never its class. The device
+is the CPU here: the rule's seam (`te.placement.DEVICE_TYPE = "cpu"`) makes these weights "on the
+device", as a GPU's are.
+
+Also "TE never imported": in a fresh interpreter that imports the shim and torch but not TE, the
+flush stays torch's own function (the same object as `torch.cuda.memory.empty_cache`, defined in
+torch/cuda/memory.py, not a wrapper): it costs nothing.
+
+    .venv/bin/python benchmarks/net.py [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, ab, main, quiet_env, row, use_repo
+
+use_repo(verl="0.9.1")
+
+from walk import build_tree  # noqa: E402
+
+TE_PER_LAYER = 6  # in walk.py's layer: linear_qkv, linear_proj, 2 GroupedLinear, 2 shared-expert Linear
+SIZES = {"full": ((4_000, 15), (100_000, 7)), "quick": ((120, 3), (600, 3))}
+LABEL = "torch.cuda.empty_cache"
+
+NO_TE = """
+import json, inspect, sys
+import te_offload_shim, torch
+flush = torch.cuda.empty_cache
+print(json.dumps({
+    "same_object": flush is torch.cuda.memory.empty_cache,
+    "module": flush.__module__,
+    "file": inspect.getsourcefile(flush).replace("\\\\", "/").split("/site-packages/")[-1],
+    "wrapped": hasattr(flush, "__wrapped__"),
+    "te_imported": any(m == "transformer_engine" or m.startswith("transformer_engine.") for m in sys.modules),
+    "net": te_offload_shim.status()["net"]["state"],
+}))
+"""
+
+
+def measure(te_layers: int, repeats: int) -> dict[str, Any]:
+    from verl.utils.megatron_utils import _clear_te_fp8_weight_workspaces as reference
+
+    from te_offload_shim.engine import net
+    from te_offload_shim.te import layers, placement
+
+    layers.forget_all()
+    placement.DEVICE_TYPE = "cpu"  # the seam: these CPU weights are "on the device"
+    modules = TE_PER_LAYER + (te_layers // TE_PER_LAYER) * 21  # walk.build_tree's count
+    root, refills = build_tree(modules)
+    te_modules = [m for m in root.modules() if "_fp8_workspaces" in m.__dict__]
+    for module in te_modules:
+        layers.note(module)
+    entries = sum(len(e) for _, e in refills)
+    before = net.totals()
+
+    def refill() -> None:
+        for ws, filled in refills:
+            ws.update(filled)
+
+    def check(side: str, result: Any) -> None:
+        left = sum(len(ws) for ws, _ in refills)
+        if side == "ours" and left != entries:
+            raise AssertionError(f"the net's check cleared {entries - left} entries of layers on the device")
+        if side == "reference" and (left or result != entries):
+            raise AssertionError(f"verl's walk cleared {result} of {entries} entries")
+
+    figures = ab(lambda: net._before_flush(LABEL), lambda: reference(root), repeats, refill, check)
+    after = net.totals()
+    return {
+        "te_layers": len(te_modules),
+        "live_layers": layers.count(),
+        "modules": sum(1 for _ in root.modules()),
+        "entries": entries,
+        "net_flushes": after["flushes"] - before["flushes"],
+        "net_cleared": after["entries"] - before["entries"],
+        **figures,
+    }
+
+
+def no_te() -> dict[str, Any]:
+    env = quiet_env()
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([sys.executable, "-c", NO_TE], capture_output=True, text=True, env=env, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the no-TE probe failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    rows, cases = [], []
+    for te_layers, repeats in SIZES["quick" if quick else "full"]:
+        m = measure(te_layers, repeats)
+        cases.append(m)
+        rows.append(
+            row(
+                "flush net",
+                f"nothing to clear: {m['te_layers']:,} TE layers, {m['modules']:,} modules",
+                m,
+                note="the net's check at a flush, every layer's weights on the device, vs verl 0.9.1 "
+                "_clear_te_fp8_weight_workspaces over the same model; goal <= 0.1",
+            )
+        )
+    probe = no_te()
+    own = probe["same_object"] and not probe["wrapped"] and probe["module"] == "torch.cuda.memory"
+    rows.append(
+        {
+            "benchmark": "flush net",
+            "case": "TE never imported",
+            "note": f"torch.cuda.empty_cache is torch's own function: {'yes' if own else 'NO'} "
+            f"(same object as torch.cuda.memory.empty_cache, {probe['file']}, no wrapper; net {probe['net']})",
+        }
+    )
+    return {"benchmark": "net", "quick": quick, "rows": rows, "cases": cases, "no_te": probe}
+
+
+if __name__ == "__main__":
+    main(run, __doc__, "small trees, few repeats (tests)")
