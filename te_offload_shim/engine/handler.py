@@ -294,7 +294,8 @@ class Handler:
             if not chunks:
                 return models, _NONE  # every chunk of it was cleared by a wrapper outside this call
             models = chunks
-        _record(target, caches.clear_fp8_workspaces(models, params=params, strict=_switches.strict()))
+        # The chunks are split once per call, here: the clearing takes them as they are.
+        _record(target, caches.clear_chunks(chunks, refused=refused, params=params, strict=_switches.strict()))
         # A clearing limited to some layers (megatron-core's: one buffer's) covers no whole chunk.
         return models, frozenset(id(c) for c in chunks) if params is None else _NONE
 

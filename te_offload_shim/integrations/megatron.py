@@ -23,6 +23,7 @@ import weakref
 from typing import Any
 
 from te_offload_shim._locks import Lock
+from te_offload_shim.te.ddp_buffers import ddp_buffers
 
 # Kept by importlib.reload of this module (a reloader that reloads every module of the package):
 # the state below outlives it, or uninstall() and status() would lose what was patched.
@@ -45,8 +46,7 @@ def _ddp_classes() -> tuple[type, ...]:
 
 
 def _buffers_of(ddp: Any) -> list[Any]:
-    d = ddp.__dict__
-    return [*(d.get("buffers") or ()), *(d.get("expert_parallel_buffers") or ())]
+    return ddp_buffers(ddp.__dict__)
 
 
 def register(ddp: Any) -> None:
