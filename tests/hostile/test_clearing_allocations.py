@@ -25,7 +25,8 @@ def _dense_model() -> tuple[object, list[tuple[dict, dict]]]:
             self.__dict__["_fp8_workspaces"] = {"weight": te.Float8BlockwiseQTensorV2(self.weight)}
 
     root = torch.nn.ModuleList(Plain() for _ in range(LAYERS))
-    return root, [(m._fp8_workspaces, dict(m._fp8_workspaces)) for m in root]
+    workspaces = [m.__dict__["_fp8_workspaces"] for m in root]
+    return root, [(held, dict(held)) for held in workspaces]
 
 
 @pytest.mark.subprocess()

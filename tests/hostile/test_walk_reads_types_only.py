@@ -9,6 +9,7 @@ every wrapped offload walks the model: the factory must never run, in `residue()
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import pytest
 from hostile_util import cached_layer, use_targets
@@ -24,7 +25,7 @@ def _model_with_lazy_services(made: list[str]) -> object:
 
     # Held in containers and plain objects, as `self.services = {...}` holds them. (A proxy assigned
     # to a module attribute directly is made by torch's own `__setattr__`, whose isinstance asks it.)
-    model = torch.nn.Sequential(cached_layer())
+    model: Any = torch.nn.Sequential(cached_layer())
     model.services = {"tokenizer": wrapt.LazyObjectProxy(factory)}
     model.clients = [wrapt.LazyObjectProxy(factory)]
     model.state = types.SimpleNamespace(client=wrapt.LazyObjectProxy(factory))
