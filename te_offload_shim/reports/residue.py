@@ -201,9 +201,10 @@ _NAMESPACE = type.__dict__["__dict__"].__get__
 
 def _plain_fields(value: Any) -> dict | None:
     """`value`'s instance dict when its type says reading it runs nothing of the application's (no
-    class of its MRO defines `__getattribute__`, and its `__dict__` is the slot a class statement
-    makes), else None. A lazy proxy (wrapt's `LazyObjectProxy`, Django's `LazyObject`) defines
-    `__getattribute__` or `__getattr__`-forwarding `__dict__`: its factory is never run."""
+    class of its MRO defines `__getattribute__`, and its `__dict__` is a getset slot, as a class
+    statement makes it: no property), else None. wrapt's proxies (`LazyObjectProxy`) define
+    `__getattribute__`: left unread, the factory never runs. A proxy forwarding only `__getattr__`
+    (Django's `LazyObject`) has its own fields read, never its target's."""
     descriptor = None
     for klass in _MRO(type(value)):
         if klass is object:
