@@ -322,7 +322,8 @@ class Handler:
             if not chunks:
                 return models, _NONE  # every chunk of it was cleared by a wrapper outside this call
             models = chunks
-        report = caches.clear_fp8_workspaces(models, params=params, strict=_switches.strict())
+        # The chunks are split once per call, here: the clearing takes them as they are.
+        report = caches.clear_chunks(chunks, refused=refused, params=params, strict=_switches.strict())
         _record(target, report)
         if _switches.te_globals():  # opt-in: TE's re-creatable globals too, after the caches
             process_globals.give_back(report)

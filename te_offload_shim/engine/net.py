@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
+from te_offload_shim._reload import kept
 from te_offload_shim.engine import registry
 from te_offload_shim.te import caches, layers, placement
 
@@ -48,15 +49,19 @@ MAX_CALLERS = 16
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_MEMORY = os.path.join("torch", "cuda", "memory.py")
 
-# Kept by importlib.reload of this module (a reloader that reloads every module of the package).
-_lock = globals().get("_lock") or Lock()
-_inside = globals().get("_inside", threading.local())
-_counts: dict[str, int] = globals().get("_counts") or dict.fromkeys(
-    ("flushes", "cleared_flushes", "entries", "modules", "bytes", "skipped", "errors"), 0
+# The state below outlives a reload of this module (`kept`).
+_lock = kept(globals(), "_lock", Lock)
+_inside = kept(globals(), "_inside", threading.local)
+_counts: dict[str, int] = kept(
+    globals(),
+    "_counts",
+    lambda: dict.fromkeys(("flushes", "cleared_flushes", "entries", "modules", "bytes", "skipped", "errors"), 0),
 )
-_callers: dict[str, None] = globals().get("_callers", {})  # distinct, in order, at most MAX_CALLERS
-_arming: dict[str, Any] = globals().get("_arming") or {"state": "not armed", "detail": "", "found": 0, "frozen": 0}
-_announced = globals().get("_announced", False)
+_callers: dict[str, None] = kept(globals(), "_callers", dict)  # distinct, in order, at most MAX_CALLERS
+_arming: dict[str, Any] = kept(
+    globals(), "_arming", lambda: {"state": "not armed", "detail": "", "found": 0, "frozen": 0}
+)
+_announced = kept(globals(), "_announced", lambda: False)
 
 
 def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...], *, te_ready: bool) -> str:

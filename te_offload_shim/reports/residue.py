@@ -1,8 +1,11 @@
 """What a model still holds on a device, by category, and what the process's allocator and the
 driver say: the report users otherwise assemble by hand from memory snapshots after an offload.
 
-One walk over the model chunks reads instance dicts only (never `nn.Module.__getattr__`, never a
-property of a module), finds every tensor on the selected device, and counts each storage once.
+One walk over the model chunks (te/walk.py, the pass the clearing makes) reads instance dicts only
+(never `nn.Module.__getattr__`, never a property of a module), finds every tensor on the selected
+device, and counts each storage once. What a module refers to outside its parameters and buffers
+is told apart by type alone, and an object's fields are read only where its type says that reading
+them runs nothing (`_plain_fields`): a lazy proxy held by a model is never asked anything.
 It moves, frees and keeps nothing: the report holds names and numbers, no tensor or module.
 Like the clearing (te/), it never imports torch: torch comes from `sys.modules`.
 
@@ -17,7 +20,8 @@ from __future__ import annotations
 import heapq
 import sys
 from dataclasses import asdict, dataclass, field
-from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
+from itertools import islice
+from types import BuiltinFunctionType, FunctionType, GetSetDescriptorType, MethodType, ModuleType
 from typing import Any
 
 from te_offload_shim._log import human_bytes
@@ -25,14 +29,14 @@ from te_offload_shim.reports.process_memory import DeviceMemory, device_memory, 
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
+from te_offload_shim.te.ddp_buffers import DDP_BUFFER_LISTS
 from te_offload_shim.te.layouts import LEGACY_ATTRS, LEGACY_MARKER, WORKSPACES
+from te_offload_shim.te.walk import Names, walk
 
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
 TOP = 10
-# Megatron DDP (megatron/core/distributed/distributed_data_parallel.py): `self.buffers` and
-# `self.expert_parallel_buffers` hold `_ParamAndGradBuffer`s whose `param_data` / `grad_data`
-# (and `shared_buffer`) are the allocations the parameters and `main_grad`s are views into.
-DDP_BUFFER_LISTS = ("buffers", "expert_parallel_buffers")
+# Megatron DDP's buffer lists (te/ddp_buffers.py) hold `_ParamAndGradBuffer`s whose `param_data` /
+# `grad_data` (and `shared_buffer`) are the allocations the parameters and `main_grad`s are views into.
 _DDP_BUFFER_MARKS = ("param_data", "grad_data")
 # Holders given a name of their own inside their category. megatron-core 0.17+ `_ParamAndGradBuffer`
 # keeps `extra_main_grads`: FP32 `main_grad` copies of the parameters matched by
@@ -183,20 +187,51 @@ def residue(models: object, *, device_type: str | None = None, top: int = TOP) -
     return report
 
 
-# A node of the module tree: (parent node, name). Paths are joined only for the reported holders.
-_Node = tuple[Any, str]
+# A module of the tree: (its chunk's names, the module). Paths are worked out only for the reported
+# holders (te/walk.py's Names, as `named_modules()` gives them).
+_Node = tuple[Names, Any]
 
 
 def _label(attribute: str | tuple[str, Any]) -> str:
     return attribute if isinstance(attribute, str) else f"{attribute[0]}[{attribute[1]}]"
 
 
-def _path(node: _Node | None) -> str:
-    parts = []
-    while node is not None:
-        node, name = node
-        parts.append(name)
-    return ".".join(reversed(parts))
+def _path(node: _Node) -> str:
+    names, module = node
+    return names(module)
+
+
+# Read without the metaclass's attribute lookup: a class's MRO and its own namespace.
+_MRO = type.__dict__["__mro__"].__get__
+_NAMESPACE = type.__dict__["__dict__"].__get__
+
+
+def _plain_fields(value: Any) -> dict | None:
+    """`value`'s instance dict when its type says reading it runs nothing of the application's (no
+    class of its MRO defines `__getattribute__`, and its `__dict__` is a getset slot, as a class
+    statement makes it: no property), else None. wrapt's proxies (`LazyObjectProxy`) define
+    `__getattribute__`: left unread, the factory never runs. A proxy forwarding only `__getattr__`
+    (Django's `LazyObject`) has its own fields read, never its target's."""
+    descriptor = None
+    for klass in _MRO(type(value)):
+        if klass is object:
+            break
+        namespace = _NAMESPACE(klass)
+        if "__getattribute__" in namespace:
+            return None
+        if descriptor is None and "__dict__" in namespace:
+            descriptor = namespace["__dict__"]
+    if type(descriptor) is not GetSetDescriptorType:
+        return None  # no instance dict (slots), or a `__dict__` property
+    fields = descriptor.__get__(value, type(value))
+    return fields if type(fields) is dict else None
+
+
+def _sequence(value: Any) -> Any:
+    """The first `_MAX_ITEMS` items of a list or tuple (subclasses too) through the built-in
+    iterator: a subclass's own `__iter__` or `__getitem__` is never run."""
+    items = list.__iter__(value) if issubclass(type(value), list) else tuple.__iter__(value)
+    return islice(items, _MAX_ITEMS)
 
 
 class _Walk:
@@ -242,56 +277,51 @@ class _Walk:
 
     def run(self, chunks: list[Any], report: ResidueReport, top: int) -> None:
         # Runs once per module of models of up to millions of modules: local aliases, and labels
-        # kept as (name, key) until a holder is reported.
-        stack: list[tuple[Any, _Node]] = [(chunk, (None, f"chunk{i}")) for i, chunk in enumerate(chunks)]
-        stack.reverse()
-        seen: set[int] = set()
-        pop, push, mark = stack.pop, stack.extend, seen.add
+        # kept as (name, key) until a holder is reported. The walk is the clearing's (te/walk.py).
         internal, plain, check = self.internal, self.plain, self.on_device
         params_found, buffers_found = self.found["parameters"], self.found["buffers"]
         workspaces_key, legacy_marker = WORKSPACES, LEGACY_MARKER
         off = report.caching_off
-        while stack:
-            module, node = pop()
-            if id(module) in seen:
-                continue
-            mark(id(module))
-            d = module.__dict__
-            try:
-                params = d.get("_parameters")
-                if params:
-                    for name, p in params.items():
-                        if type(p) in plain and p.grad is None and not p.__dict__:
-                            if check(p):  # the common case, without a call per parameter
-                                params_found.append((node, name, "", p))
-                        elif p is not None:
-                            self.parameter(node, name, p)
-                buffers = d.get("_buffers")
-                if buffers:
-                    for name, b in buffers.items():
-                        if type(b) in plain:
-                            if check(b):
-                                buffers_found.append((node, name, "", b))
-                        elif b is not None:
-                            self.add("buffers", node, name, b)
-                workspaces = d.get(workspaces_key)
-                if workspaces:
-                    self.workspaces(node, workspaces)
-                elif workspaces_key in d:  # a TE layer holding nothing: is its caching off?
-                    reason = caching_off(d)
-                    if reason is not None:
-                        off[reason] = off.get(reason, 0) + 1
-                if legacy_marker in d:  # TE < 1.8: never cleared (see te/layouts.py)
-                    for name in LEGACY_ATTRS:
-                        self.add("fp8_workspaces", node, name, d.get(name))
-                extra = d.keys() - internal
-                if extra:
-                    self.attributes(node, d, extra, report)
-            except Exception as exc:  # one odd module must not hide the rest
-                report.errors.append(f"{_path(node)}: {type(exc).__name__}: {exc}")
-            children = d.get("_modules")
-            if children:
-                push([(c, (node, n)) for n, c in reversed(children.items()) if c is not None])
+        seen: set[int] = set()  # a module two chunks share is walked once, in the first
+        for index, chunk in enumerate(chunks):
+            names = Names(index, chunk)
+            tree = walk(chunk, every=True, seen=seen)
+            for module, exc in tree.unreadable:  # one odd module must not hide the rest
+                report.errors.append(f"{names(module)}: {type(exc).__name__}: {exc}")
+            for module, d in zip(tree.every, tree.every_dicts, strict=True):
+                node = (names, module)
+                try:
+                    params = d.get("_parameters")
+                    if params:
+                        for name, p in params.items():
+                            if type(p) in plain and p.grad is None and not p.__dict__:
+                                if check(p):  # the common case, without a call per parameter
+                                    params_found.append((node, name, "", p))
+                            elif p is not None:
+                                self.parameter(node, name, p)
+                    buffers = d.get("_buffers")
+                    if buffers:
+                        for name, b in buffers.items():
+                            if type(b) in plain:
+                                if check(b):
+                                    buffers_found.append((node, name, "", b))
+                            elif b is not None:
+                                self.add("buffers", node, name, b)
+                    workspaces = d.get(workspaces_key)
+                    if workspaces:
+                        self.workspaces(node, workspaces)
+                    elif workspaces_key in d:  # a TE layer holding nothing: is its caching off?
+                        reason = caching_off(d)
+                        if reason is not None:
+                            off[reason] = off.get(reason, 0) + 1
+                    if legacy_marker in d:  # TE < 1.8: never cleared (see te/layouts.py)
+                        for name in LEGACY_ATTRS:
+                            self.add("fp8_workspaces", node, name, d.get(name))
+                    extra = d.keys() - internal
+                    if extra:
+                        self.attributes(node, d, extra, report)
+                except Exception as exc:  # one odd module must not hide the rest
+                    report.errors.append(f"{_path(node)}: {type(exc).__name__}: {exc}")
         self.claim(report, top)
 
     def workspaces(self, node: _Node, workspaces: Any) -> None:
@@ -342,17 +372,17 @@ class _Walk:
             return False
         found = False
         tensor = self.torch.Tensor
-        for i, buffer in enumerate(value):
+        for i, buffer in enumerate(_sequence(value)):
             if issubclass(type(buffer), _OPAQUE):
                 continue
-            fields = getattr(buffer, "__dict__", None)
-            if type(fields) is not dict or not any(m in fields for m in _DDP_BUFFER_MARKS):
+            fields = _plain_fields(buffer)
+            if fields is None or not any(m in fields for m in _DDP_BUFFER_MARKS):
                 continue
             found = True
             for field_name, item in fields.items():
                 label = f"{name}[{i}].{field_name}"
                 if issubclass(type(item), (list, tuple)):
-                    for part in item[:_MAX_ITEMS]:
+                    for part in _sequence(item):
                         if issubclass(type(part), tensor):
                             self.add("ddp_buffers", node, label, part)
                 elif issubclass(type(item), tensor):
@@ -370,34 +400,49 @@ class _Walk:
             return
         if issubclass(cls, _OPAQUE) or issubclass(cls, self.module_type):
             return  # modules are walked through `_modules`; one merely referenced is not ours
-        try:
-            storage = sizes._is_storage(value)  # a TE quantized value outside the workspace dict
-        except Exception:  # a proxy whose __getattr__ raises something else than AttributeError
-            return
-        if storage:
-            self.add("other", node, label, value, key)
-            return
+        if cls in (list, tuple):
+            fields = None
+        elif issubclass(cls, dict):
+            fields = None
+        else:
+            fields = _plain_fields(value)
+            if fields is None:
+                return  # reading it could run the application's code: left unread
+            if sizes.has_storage_marks(fields):  # a TE quantized value outside the workspace dict
+                self.storage(node, label, key, fields, 0)
+                return
         if depth >= _MAX_DEPTH:
             return
         if id(value) in self.seen_objects:
             return
         self.seen_objects.add(id(value))
         if cls in (list, tuple):
-            for i, item in enumerate(value[:_MAX_ITEMS]):
+            for i, item in enumerate(_sequence(value)):
                 self.other(node, f"{label}[{i}]", key, item, depth + 1)
-        elif issubclass(cls, dict):
-            for i, (k, item) in enumerate(value.items()):
-                if i >= _MAX_ITEMS:
-                    break
+        elif fields is None:  # a dict, read through dict's own methods (never a subclass's)
+            for i, (k, item) in enumerate(islice(dict.items(value), _MAX_ITEMS)):
                 if type(k) is str:
                     self.other(node, f"{label}[{k}]", f"{key}.{k}", item, depth + 1)
                 else:
                     self.other(node, f"{label}[{i}]", key, item, depth + 1)
         else:
-            fields = getattr(value, "__dict__", None)
-            if type(fields) is dict:
-                for k, item in list(fields.items())[:_MAX_ITEMS]:
-                    self.other(node, f"{label}.{k}", f"{key}.{k}", item, depth + 1)
+            for k, item in list(fields.items())[:_MAX_ITEMS]:
+                self.other(node, f"{label}.{k}", f"{key}.{k}", item, depth + 1)
+
+    def storage(self, node: _Node, label: str, key: str, fields: dict, depth: int) -> None:
+        """The tensors of a TE storage found outside the workspace dict, from its instance fields
+        (`sizes.INNER_ATTRS`) and nested storages: its class's attributes are never read."""
+        tensor = self.torch.Tensor
+        for name in sizes.INNER_ATTRS:
+            item = fields.get(name)
+            if item is None:
+                continue
+            if issubclass(type(item), tensor):
+                self.add("other", node, label, item, key)
+            elif depth < sizes.MAX_DEPTH and type(item) not in _SCALARS:
+                nested = _plain_fields(item)
+                if nested is not None and sizes.has_storage_marks(nested):
+                    self.storage(node, label, key, nested, depth + 1)
 
     # --- counting -----------------------------------------------------------------------------
 

@@ -5,17 +5,23 @@ TE's layouts by release (`layouts`) and whether a chunk is CUDA-graphed (`graphs
 verl, Ray or wrapt. Nothing here imports torch or TE: it works on the objects it is given, with
 torch taken from `sys.modules` (if torch is not imported, there is nothing to clear).
 
-One call: the chunks in `models` (`chunks.as_chunks`, the policy the residue report shares), for
-each chunk one walk over its modules (`walk`), then per chunk: report what cannot be read and the
+One call: the chunks in `models` (`chunks.as_chunks`, the policy the residue report shares; the
+wrapped offload's handler splits them once and hands them to `clear_chunks`), for each chunk one
+walk over its modules (`walk`, the pass the residue report shares), then per chunk: report what cannot be read and the
 TE < 1.8 caches left in place, count (and drop, where TE rebuilds them) the FP8 primary weights'
 copies (`primary`), count the layers whose caching is off by configuration (`caching_off`), leave a
 CUDA-graphed chunk alone, and take the workspaces of the others. The bytes of everything taken are
 counted once, together, at the end of the call (`sizes`).
+
+Per entry the call keeps no object the cyclic collector tracks (no tuple or dict per layer or per
+entry: a few lists per call, and plain ints), so that clearing a model of 100,000 TE layers triggers
+no collection of its own (benchmarks/walk.py, "collector left on"; the collector is left alone).
 """
 
 from __future__ import annotations
 
 import sys
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
@@ -30,9 +36,11 @@ from te_offload_shim.te.report import CacheReport, ShimError, Skipped
 from te_offload_shim.te.walk import Names, Tree, walk
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
-__all__ = ["CacheReport", "ShimError", "Skipped", "clear_fp8_workspaces", "clear_layers", "scan"]
+    Where = Callable[[Any], str]  # a module's name for skip and error records
+
+__all__ = ["CacheReport", "ShimError", "Skipped", "clear_chunks", "clear_fp8_workspaces", "clear_layers", "scan"]
 
 
 def clear_fp8_workspaces(
@@ -43,7 +51,20 @@ def clear_fp8_workspaces(
     With `params`, only the layers owning one of those parameters are cleared. Call it before your
     allocator flush (`torch.cuda.empty_cache()`): the freed blocks otherwise stay in PyTorch's
     cache. TE >= 1.8 rebuilds the caches on the next forward."""
-    return _process(models, clear=True, strict=strict, params=params)
+    chunks, refused = as_chunks(models)
+    return _process(chunks, refused, clear=True, strict=strict, params=params)
+
+
+def clear_chunks(
+    chunks: list[Any],
+    *,
+    refused: str | None = None,
+    params: Iterable[Any] | None = None,
+    strict: bool | None = None,
+) -> CacheReport:
+    """`clear_fp8_workspaces` for chunks already split by `chunks.as_chunks` (the wrapped offload's
+    handler splits them once per call); `refused` is why `models` was not looked into, if it was not."""
+    return _process(chunks, refused, clear=True, strict=strict, params=params)
 
 
 def clear_layers(layers: list[Any], *, strict: bool | None = None) -> CacheReport:
@@ -53,15 +74,18 @@ def clear_layers(layers: list[Any], *, strict: bool | None = None) -> CacheRepor
     Megatron `config` turns CUDA graphs on, or that carries TE's `make_graphed_callables` marks, is
     left alone; TE < 1.8 caches stay; FP8 primary weights, caching-off reasons and bytes are counted
     as for a table target."""
-    return _process(list(layers), clear=True, strict=strict, params=None)
+    return _process(list(layers), None, clear=True, strict=strict, params=None)
 
 
 def scan(models: object, *, params: Iterable[Any] | None = None) -> CacheReport:
     """The report `clear_fp8_workspaces` would give, changing nothing."""
-    return _process(models, clear=False, strict=False, params=params)
+    chunks, refused = as_chunks(models)
+    return _process(chunks, refused, clear=False, strict=False, params=params)
 
 
-def _process(models: object, clear: bool, strict: bool | None, params: Iterable[Any] | None) -> CacheReport:
+def _process(
+    chunks: list[Any], refused: str | None, clear: bool, strict: bool | None, params: Iterable[Any] | None
+) -> CacheReport:
     """One clearing (or scan) of every chunk in `models`.
 
     The cyclic collector is left as the application has it. Switching it off for the call spares
@@ -77,7 +101,6 @@ def _process(models: object, clear: bool, strict: bool | None, params: Iterable[
     before = _allocated(torch) if clear else None
     taken = _Batch()
     param_ids = None if params is None else {id(p) for p in params}
-    chunks, refused = as_chunks(models)
     if refused is not None:
         report.skipped.append(Skipped("models", refused))
     for index, chunk in enumerate(chunks):
@@ -100,23 +123,25 @@ def _process_chunk(
     tree = walk(chunk)
     for module, exc in tree.unreadable:
         _unreadable(report, names(module), "reading the module", exc)
-    modern, legacy = tree.modern, tree.legacy
+    modern, modern_dicts, legacy, legacy_dicts = tree.modern, tree.modern_dicts, tree.legacy, tree.legacy_dicts
     if param_ids is not None:
-        modern = _owned(modern, param_ids, names, report)
-        legacy = _owned(legacy, param_ids, names, report)
-    _report_legacy(legacy, names, torch, report)
+        modern, modern_dicts = _owned(modern, modern_dicts, param_ids, names, report)
+        legacy, legacy_dicts = _owned(legacy, legacy_dicts, param_ids, names, report)
+    _report_legacy(legacy, legacy_dicts, names, torch, report)
     try:
-        primary_weight_copies(index, modern, torch, report, clear, chunk, tree.graph_mark)
+        primary_weight_copies(
+            index, zip(modern, modern_dicts, strict=True), torch, report, clear, chunk, tree.graph_mark
+        )
     except Exception as exc:  # the caches below are cleared all the same
         _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
-    live = _live(modern, report)
-    if live and not _graphed(index, chunk, tree, names, live, report):
-        taken.take(names, live, torch, clear, report)
+    live, workspaces = _live(modern, modern_dicts, report)
+    if live and not _graphed(index, chunk, tree, names, workspaces, report):
+        taken.take(names, live, workspaces, clear, report)
 
 
-def _report_legacy(legacy: list[tuple[Any, dict]], names: Names, torch: Any, report: CacheReport) -> None:
+def _report_legacy(legacy: list[Any], dicts: list[dict], names: Names, torch: Any, report: CacheReport) -> None:
     """TE < 1.8 layers that cached something: left in place (clearing them is unsafe), reported."""
-    for module, d in legacy:
+    for module, d in zip(legacy, dicts, strict=True):
         if all(d.get(a) is None for a in LEGACY_ATTRS):
             continue  # a TE < 1.8 layer that has cached nothing (yet): nothing left in place
         try:
@@ -135,25 +160,26 @@ def _report_legacy(legacy: list[tuple[Any, dict]], names: Names, torch: Any, rep
         )
 
 
-def _live(modern: list[tuple[Any, dict]], report: CacheReport) -> list[tuple[Any, Any]]:
-    """(module, workspaces) of the TE >= 1.8 layers whose workspaces hold something; of the empty
-    ones, those whose caching is off by configuration are counted by reason."""
-    live = []
+def _live(modern: list[Any], dicts: list[dict], report: CacheReport) -> tuple[list[Any], list[Any]]:
+    """The TE >= 1.8 layers whose workspaces hold something, and those workspaces (position by
+    position); of the empty ones, those whose caching is off by configuration are counted by reason."""
+    live: list[Any] = []
+    held: list[Any] = []
+    keep, keep_held = live.append, held.append
     off = report.caching_off
-    for module, d in modern:
+    for module, d in zip(modern, dicts, strict=True):
         workspaces = d[WORKSPACES]
         if workspaces if type(workspaces) is dict else _nonempty(workspaces):  # a dict's truth never raises
-            live.append((module, workspaces))
+            keep(module)
+            keep_held(workspaces)
         else:
             reason = caching_off(d)
             if reason is not None:
                 off[reason] = off.get(reason, 0) + 1
-    return live
+    return live, held
 
 
-def _graphed(
-    index: int, chunk: Any, tree: Tree, names: Names, live: list[tuple[Any, Any]], report: CacheReport
-) -> bool:
+def _graphed(index: int, chunk: Any, tree: Tree, names: Names, workspaces: list[Any], report: CacheReport) -> bool:
     """Whether this chunk's caches stay because CUDA graphs may replay into them (said once, and
     reported); also when its graph settings cannot be read."""
     try:
@@ -170,7 +196,7 @@ def _graphed(
         reason,
         _switches.FORCE_CUDA_GRAPHS,
     )
-    report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(_count(w) for _, w in live)))
+    report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(map(_count, workspaces))))
     return True
 
 
@@ -191,7 +217,7 @@ def _nonempty(workspaces: Any) -> bool:
     try:
         return bool(workspaces)
     except Exception:
-        return True  # let _clear_module report what is wrong with it
+        return True  # let clear_module report what is wrong with it
 
 
 def _count(workspaces: Any) -> int:
@@ -221,56 +247,64 @@ def _unreadable(report: CacheReport, where: str, doing: str, exc: Exception) -> 
 
 
 def _owned(
-    found: list[tuple[Any, dict]], param_ids: set[int], names: Names, report: CacheReport
-) -> list[tuple[Any, dict]]:
-    owned = []
-    for module, d in found:
+    found: list[Any], dicts: list[dict], param_ids: set[int], names: Names, report: CacheReport
+) -> tuple[list[Any], list[dict]]:
+    owned: list[Any] = []
+    owned_dicts: list[dict] = []
+    for module, d in zip(found, dicts, strict=True):
         try:
             if _owns_any(d, param_ids):
-                owned.append((module, d))
+                owned.append(module)
+                owned_dicts.append(d)
         except Exception as exc:
             _unreadable(report, names(module), "reading its parameters", exc)
-    return owned
+    return owned, owned_dicts
 
 
 class _Batch:
     """The values popped in one call, with their modules' parameters: their bytes are counted once,
     together, at the end of the call (one pass and one storage table for the whole call, not one
     per module; a storage two entries share counts once). They are held only until then: the
-    offload frees memory after the call returns, and they were all alive when it began."""
+    offload frees memory after the call returns, and they were all alive when it began.
+
+    Which module each value came from (for error messages) is two lists, the modules and where
+    each one's values end in `values`: no tuple per module (see the module's docstring)."""
 
     def __init__(self) -> None:
         self.values: list[Any] = []
         self.params: list[Any] = []
-        self.owners: list[tuple[Any, int, int]] = []  # (module, first value, end), for error messages
+        self.owners: list[Any] = []  # the module of each run of values, in order
+        self.ends: list[int] = []  # where that module's values end in `values`
         self.counted: set[int] = set()  # storages counted for earlier modules, when counting module by module
 
-    def add(self, module: Any, values: list[Any], torch: Any, report: CacheReport) -> None:
-        start = len(self.values)
+    def add(self, module: Any, values: list[Any]) -> None:
         self.values += values
-        self.owners.append((module, start, len(self.values)))
+        self.owners.append(module)
+        self.ends.append(len(self.values))
         own = module.__dict__.get("_parameters")
         if own:
             self.params += own.values()
 
-    def take(self, names: Names, live: list[tuple[Any, Any]], torch: Any, clear: bool, report: CacheReport) -> None:
-        """Take (and, when clearing, clear) the entries of these modules. A plain dict, the layout of
-        every TE release that has one, is read and cleared inline: neither can raise, and this runs
-        once per TE layer of the model. Anything else goes the careful way (_clear_module)."""
-        values, params, owners = self.values, self.params, self.owners
+    def take(self, where: Where, live: list[Any], workspaces: list[Any], clear: bool, report: CacheReport) -> None:
+        """Take (and, when clearing, clear) the entries of these modules (`workspaces[i]` is
+        `live[i]`'s). A plain dict, the layout of every TE release that has one, is read and
+        cleared inline: neither can raise, and this runs once per TE layer of the model. Anything
+        else goes the careful way (`clear_module`). `where` names a module for the records."""
+        values, params, owners, ends = self.values, self.params, self.owners.append, self.ends.append
         entries = modules = 0
-        for module, workspaces in live:
-            if type(workspaces) is not dict:
-                _clear_module(names, module, workspaces, torch, clear, self, report)
+        for module, held in zip(live, workspaces, strict=True):
+            if type(held) is not dict:
+                clear_module(where, module, held, clear, self, report)
                 continue
             start = len(values)
-            values += workspaces.values()
-            owners.append((module, start, len(values)))
+            values += held.values()
+            owners(module)
+            ends(len(values))
             own = module.__dict__.get("_parameters")
             if own:
                 params += own.values()
             if clear:
-                workspaces.clear()
+                held.clear()
             entries += len(values) - start
             modules += 1
         report.entries += entries
@@ -285,7 +319,7 @@ class _Batch:
             except Exception:  # find the module whose values cannot be counted; count the others
                 freed = shared = 0
                 counted = self.counted
-                for module, start, end in self.owners:
+                for module, (start, end) in zip(self.owners, pairwise([0, *self.ends]), strict=True):
                     try:
                         own = (module.__dict__.get("_parameters") or {}).values()
                         f, s = sizes.count(self.values[start:end], own, torch, counted)
@@ -303,30 +337,26 @@ class _Batch:
             self.values.clear()
             self.params.clear()
             self.owners.clear()
+            self.ends.clear()
 
 
-def _clear_module(
-    names: Names,
-    module: Any,
-    workspaces: Any,
-    torch: Any,
-    clear: bool,
-    counted: _Batch,
-    report: CacheReport,
-) -> None:
+def clear_module(where: Where, module: Any, workspaces: Any, clear: bool, batch: _Batch, report: CacheReport) -> None:
+    """One TE layer's `workspaces` (its `_fp8_workspaces`, whatever it is), the careful way: taken
+    into `batch` (whose `account` counts their bytes) and, when clearing, emptied; anything that
+    raises is reported for this layer alone. Needs no chunk: `where(module)` names it in records."""
     if not isinstance(workspaces, dict):
-        where = names(module)
+        name = where(module)
         reason = f"{WORKSPACES} is a {type(workspaces).__name__}, not a dict"
-        warn_once("not-dict", "te_offload_shim: %s at %s; left alone", reason, where)
-        report.skipped.append(Skipped(where, reason))
+        warn_once("not-dict", "te_offload_shim: %s at %s; left alone", reason, name)
+        report.skipped.append(Skipped(name, reason))
         return
     try:
         values = list(workspaces.values())
         entries = len(values)
     except Exception as exc:
-        _unreadable(report, names(module), f"reading {WORKSPACES}", exc)
+        _unreadable(report, where(module), f"reading {WORKSPACES}", exc)
         return
-    counted.add(module, values, torch, report)
+    batch.add(module, values)
     del values
     if clear:
         try:
@@ -336,14 +366,14 @@ def _clear_module(
                 for key in list(workspaces):
                     workspaces.pop(key)
         except Exception as exc:
-            where = names(module)
-            report.skipped.append(Skipped(where, f"clearing {WORKSPACES} raised {type(exc).__name__}: {exc}", entries))
-            report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
+            name = where(module)
+            report.skipped.append(Skipped(name, f"clearing {WORKSPACES} raised {type(exc).__name__}: {exc}", entries))
+            report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
             warn_once(
                 f"pop:{type(workspaces).__name__}",
                 "te_offload_shim: cannot clear %s at %s: %s",
                 WORKSPACES,
-                where,
+                name,
                 repr(exc),
             )
             return

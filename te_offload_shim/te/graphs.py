@@ -10,6 +10,7 @@ chunk notices the module marks on its way (`MEGATRON_GRAPH_SUBMODULE`, `MEGATRON
 
 from __future__ import annotations
 
+from types import FunctionType
 from typing import Any
 
 # Megatron's TransformerConfig switches for CUDA graphs (megatron/core/transformer/transformer_config.py).
@@ -37,12 +38,11 @@ def te_graph_mark(module: Any) -> str | None:
     d = getattr(module, "__dict__", None) or {}
     for name in TE_GRAPH_ATTRS:
         value = d.get(name)
-        try:
-            if value is None or getattr(value, "__module__", None) != TE_GRAPH_MODULE:
-                continue
-            function = str(getattr(value, "__qualname__", "?")).rsplit(".", 1)[-1]
-        except Exception:  # an odd object under that name is not TE's function
+        # TE's marks are plain functions, whose `__module__` is a field: anything else under that
+        # name (a lazy proxy would run its factory at the attribute read) is not read further.
+        if type(value) is not FunctionType or value.__module__ != TE_GRAPH_MODULE:
             continue
+        function = str(value.__qualname__).rsplit(".", 1)[-1]
         return f"{type(module).__name__}.{name} is TE's {function} from make_graphed_callables"
     return None
 

@@ -12,12 +12,14 @@ import gc
 import weakref
 from typing import Any
 
-# Kept by importlib.reload of this module: the layers noted before it are still live.
+from te_offload_shim._reload import kept
+
+# Kept by a reload of this module (`kept`): the layers noted before it are still live.
 # id(layer) -> weak reference, in the order the layers were built: a flush visits them in that order,
 # which is the order their objects lie in memory (visited in hash order, the same walk costs several
 # times more, in cache misses). Edited only by single dict operations, each atomic under the GIL, so
 # a flush on one thread may read it while another builds a layer (`live` iterates a copy).
-_refs: dict[int, _Ref] = globals().get("_refs", {})
+_refs: dict[int, _Ref] = kept(globals(), "_refs", dict)
 
 
 class _Ref(weakref.ref):

@@ -16,6 +16,8 @@ from te_offload_shim.te import sizes
 from te_offload_shim.te.graphs import cuda_graph_reason
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from te_offload_shim.te.report import CacheReport
 
 # The fields of a quantized parameter that hold its second-direction copy, by class family
@@ -49,7 +51,7 @@ def _te_release() -> tuple[int, ...]:
 
 def primary_weight_copies(
     index: int,
-    modules: list[tuple[Any, dict]],
+    modules: Iterable[tuple[Any, dict]],
     torch: Any,
     report: CacheReport,
     clear: bool = False,

@@ -25,6 +25,7 @@ from typing import Any
 
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import human_bytes, log
+from te_offload_shim._reload import kept
 from te_offload_shim.te import sizes
 from te_offload_shim.te.graphs import private_pools
 from te_offload_shim.te.report import CacheReport
@@ -33,9 +34,9 @@ TE_BASE = "transformer_engine.pytorch.module.base"
 DUMMY_WGRADS = "_dummy_wgrads"
 GRAPHED = "CUDA graphs: "  # how the clearing names a chunk it left for its graphs (te/caches.py)
 
-# Kept by importlib.reload of this module, like every counter of the package.
-_lock = globals().get("_lock") or Lock()
-_totals: dict[str, Any] = globals().get("_totals") or {"calls": 0, "entries": 0, "bytes": 0, "kept": {}}
+# Kept by a reload of this module (`kept`), like every counter of the package.
+_lock = kept(globals(), "_lock", Lock)
+_totals: dict[str, Any] = kept(globals(), "_totals", lambda: {"calls": 0, "entries": 0, "bytes": 0, "kept": {}})
 
 
 def totals() -> dict[str, Any]:

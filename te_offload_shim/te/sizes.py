@@ -57,7 +57,7 @@ STORAGE_MARKS = (
     "_rowwise_storage",
     "rowwise_gemm_tensor",
 )
-_MAX_DEPTH = 4
+MAX_DEPTH = 4  # how deep a value's nested storages are opened
 
 # How to open a value of a given class: (how, getter of its byte-holding attributes as a tuple,
 # whether every one of them held a plain tensor or None when the plan was made).
@@ -66,7 +66,15 @@ _plans: dict[type, tuple[int, Any, bool]] = {}
 
 
 def _is_storage(value: Any) -> bool:
+    """For TE's own values (a cache entry, a quantized parameter): `hasattr` runs the class's
+    attribute lookup, so whatever else a model holds is asked `has_storage_marks` instead."""
     return any(hasattr(value, mark) for mark in STORAGE_MARKS)
+
+
+def has_storage_marks(fields: dict) -> bool:
+    """Whether an object's instance fields (read without running its class's code) mark it as a TE
+    storage: TE's storage classes keep their tensors as plain instance attributes."""
+    return any(mark in fields for mark in STORAGE_MARKS)
 
 
 def _known_attrs(value: Any, torch: Any) -> tuple[str, ...]:
@@ -114,7 +122,7 @@ def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> Non
     if cls is torch.Tensor or cls is torch.nn.Parameter:
         out.append(value)
         return
-    if value is None or depth > _MAX_DEPTH:
+    if value is None or depth > MAX_DEPTH:
         return
     plan = _plans.get(cls)
     if plan is None:

@@ -1,8 +1,16 @@
-"""One pass over a model chunk's module tree: the TE layers with caches (by layout), the CUDA-graph
-marks on the way, the modules that could not be read; and the names of modules for reports.
+"""The one pass over a model chunk's module tree, shared by the clearing and the residue report:
+the TE layers with caches (by layout), the CUDA-graph marks on the way, the modules that could not
+be read, and on request every module with its instance dict (the residue report reads them all);
+and the names of modules for reports.
 
 Instance dicts only: `getattr(module, "_fp8_workspaces", None)` on a non-TE module goes through
 `nn.Module.__getattr__` and raises inside it, and a property of a module is never run.
+
+What the pass keeps is a few lists per call, position by position (a module in one, its dict at the
+same place in the next), never a tuple per module: a tuple that lives until the call ends counts
+toward the cyclic collector's next collection, and on a model of 100,000 TE layers one per layer
+triggers hundreds of them (benchmarks/walk.py, "collector left on"). `zip` over two of them makes
+no tuple per step either (it reuses its own).
 """
 
 from __future__ import annotations
@@ -14,12 +22,16 @@ from te_offload_shim.te.layouts import LEGACY_MARKER, WORKSPACES
 
 
 class Tree(NamedTuple):
-    """What one walk over a chunk found."""
+    """What one walk over a chunk found. `modern[i]`'s instance dict is `modern_dicts[i]`, and so on."""
 
-    modern: list[tuple[Any, dict]]
-    legacy: list[tuple[Any, dict]]
+    modern: list[Any]  # TE >= 1.8 layers (they have `_fp8_workspaces`), in walk order
+    modern_dicts: list[dict]
+    legacy: list[Any]  # TE < 1.8 layers (`fp8_weight_shapes`)
+    legacy_dicts: list[dict]
     graph_mark: str | None
     unreadable: list[tuple[Any, Exception]]  # modules reading which raised: left alone, reported
+    every: list[Any]  # with every=True: every readable module, pre-order, children in order
+    every_dicts: list[dict]
 
 
 def child_modules(module: Any) -> list[tuple[str, Any]]:
@@ -32,15 +44,21 @@ def child_modules(module: Any) -> list[tuple[str, Any]]:
         return []
 
 
-def walk(chunk: Any) -> Tree:
-    """One pass over the module tree reading instance dicts only. This loop runs
-    once per module of a model of up to millions of modules, hence the local aliases. A module
-    that cannot be read costs only itself: its children are still walked."""
-    modern: list[tuple[Any, dict]] = []
-    legacy: list[tuple[Any, dict]] = []
+def walk(chunk: Any, *, every: bool = False, seen: set[int] | None = None) -> Tree:
+    """One pass over the module tree reading instance dicts only, pre-order with children in order
+    (as `named_modules()`). This loop runs once per module of a model of up to millions of modules,
+    hence the local aliases. A module that cannot be read costs only itself: its children are
+    still walked. `seen`: ids of modules already walked (in an earlier chunk of the same call),
+    skipped here and added to."""
+    modern: list[Any] = []
+    modern_dicts: list[dict] = []
+    legacy: list[Any] = []
+    legacy_dicts: list[dict] = []
+    everything: list[Any] = []
+    every_dicts: list[dict] = []
     unreadable: list[tuple[Any, Exception]] = []
     graph_mark = None
-    seen: set[int] = set()
+    seen = set() if seen is None else seen
     stack = [chunk]
     pop, push, mark_seen = stack.pop, stack.extend, seen.add
     while stack:
@@ -54,19 +72,24 @@ def walk(chunk: Any) -> Tree:
             if children:
                 if graph_mark is None and children.get(MEGATRON_GRAPH_SUBMODULE) is not None:
                     graph_mark = f"{type(module).__name__}.{MEGATRON_GRAPH_SUBMODULE} is set"
-                push(children.values())
+                push(reversed(children.values()))
             if graph_mark is None and MEGATRON_GRAPH_LIST in d and d[MEGATRON_GRAPH_LIST]:
                 graph_mark = f"{type(module).__name__}.{MEGATRON_GRAPH_LIST} holds captured graphs"
             if graph_mark is None and ("forward" in d or "reset" in d or "backward_dw" in d):
                 graph_mark = te_graph_mark(module)
             if WORKSPACES in d:
-                modern.append((module, d))
+                modern.append(module)
+                modern_dicts.append(d)
             elif LEGACY_MARKER in d:
-                legacy.append((module, d))
+                legacy.append(module)
+                legacy_dicts.append(d)
+            if every:
+                everything.append(module)
+                every_dicts.append(d)
         except Exception as exc:
             unreadable.append((module, exc))
-            push(child for _, child in child_modules(module))
-    return Tree(modern, legacy, graph_mark, unreadable)
+            push(reversed([child for _, child in child_modules(module)]))
+    return Tree(modern, modern_dicts, legacy, legacy_dicts, graph_mark, unreadable, everything, every_dicts)
 
 
 class Names:

@@ -70,7 +70,8 @@ def test_ab_alternates_prepares_and_takes_medians() -> None:
 def test_walk_both_sides_clear_the_same_tree() -> None:
     _verl("0.9.1")
     result, stdout = _run("walk.py", "--quick")
-    assert len(result["cases"]) == 4 and len(result["rows"]) == 10  # the MoE cases add "collector left on"
+    # the MoE cases add "collector left on", the flat ones "collector on for both"
+    assert len(result["cases"]) == 4 and len(result["rows"]) == 12
     assert [case["tree"] for case in result["cases"]] == ["moe", "moe", "flat", "flat"]
     for case in result["cases"]:
         assert case["modules"] >= 400 and case["te_modules"] > 0
@@ -80,7 +81,10 @@ def test_walk_both_sides_clear_the_same_tree() -> None:
         assert case["ours_s"] > 0 and case["reference_s"] > 0 and case["walk_only"]["ours_s"] > 0
         if case["tree"] == "moe":  # the collector left on against switched off for the call
             assert case["collector_on"]["ours_s"] > 0 and case["collector_on"]["reference_s"] > 0
+        else:  # the dense worst case, the collector on for ours and the reference
+            assert case["collector_on_both"]["ours_s"] > 0 and case["collector_on_both"]["reference_s"] > 0
     assert [r["case"].endswith("collector left on") for r in result["rows"]].count(True) == 2
+    assert [r["case"].endswith("collector on for both") for r in result["rows"]].count(True) == 2
     assert "clearing walk" in stdout and "ratio" in stdout
     assert _common.QUICK_NOTE in stdout
     _assert_within_width(stdout)
