@@ -59,8 +59,8 @@ def twin_sm() -> int:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "twin(sm=90): runs in a TE twin process of its `release` answering as an sm90 GPU, or sm100 (for MXFP8: "
-        "tests with recipe MXFP8BlockScaling get sm100) (tests/twin/conftest.py)",
+        "twin(sm=90): runs in a TE twin process of its `release` answering as an sm90 GPU, or sm100 (a test's "
+        "`sm` parameter chooses; without one, tests with recipe MXFP8BlockScaling get sm100) (tests/twin/conftest.py)",
     )
     release = in_twin()
     if release is not None:
@@ -99,7 +99,10 @@ def _process_of(item: pytest.Item) -> tuple[str, int] | None:
     marker = item.get_closest_marker("twin")
     if callspec is None or marker is None or "release" not in callspec.params:
         return None
-    sm = 100 if callspec.params.get("recipe") == "MXFP8BlockScaling" else int(marker.kwargs.get("sm", 90))
+    if "sm" in callspec.params:
+        sm = int(callspec.params["sm"])
+    else:
+        sm = 100 if callspec.params.get("recipe") == "MXFP8BlockScaling" else int(marker.kwargs.get("sm", 90))
     return callspec.params["release"], sm
 
 
