@@ -11,6 +11,20 @@ from typing import Any
 
 import pytest
 
+# Every TE 2.x release the class probe installs (harness/te_releases.py). FULL_MATRIX releases run
+# every test; the others the tests marked `twin(every_release=True)`, float32 cells only (the CI
+# budget: docs/te-twin.md gives the matrix).
+TWIN_RELEASES = ("2.20.2", "2.19.0", "2.18.0", "2.16.1", "2.12.0", "2.10.0", "2.9.0", "2.8.0", "2.4.0", "2.1.0")
+FULL_MATRIX = ("2.20.2", "2.16.1", "2.9.0", "2.4.0", "2.1.0")
+# TE 1.x is not twinned (one test, tests/twin/test_twin_releases.py, skips with this reason).
+NOT_TWINNED = {
+    "1.13.0": (
+        "TE 1.x is not twinned: its GEMM, casts and activations are TorchScript ops its compiled library "
+        "registers (torch.ops.tex_ts.te_gemm_ts, cast_to_fp8_ts, gelu_ts, ...) beside a 1.x extension API "
+        "(fused_cast_transpose_noop, layernorm_fwd_fp8, the FP8TensorMeta class) that TE 2.x replaced, and its "
+        "transformer_engine/pytorch/__init__.py fails on torch 2.13 (torch.onnx._type_utils, removed in torch 2.6)"
+    ),
+}
 RECIPES = ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling")
 MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear")
 # (recipe, GPU architecture) cells: per-tensor FP8 on Hopper and on Blackwell, where TE's GEMM reads

@@ -13,6 +13,7 @@ from harness.te_twin.cells import DTYPES, MODULES, expected_keys, need, recipe_s
 pytestmark = pytest.mark.twin
 
 
+@pytest.mark.twin(every_release=True)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("recipe", "sm"), recipe_sm_params())
 @pytest.mark.parametrize("module", MODULES)

@@ -43,6 +43,7 @@ def corrupt_in_place(t: Any) -> None:
         t.mul_(2)
 
 
+@pytest.mark.twin(every_release=True)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("recipe", "sm"), recipe_sm_params())
 @pytest.mark.parametrize("module", MODULES)

@@ -16,6 +16,7 @@ from harness.te_twin.cells import DTYPES, MODULES, need, recipe_sm_params, relea
 pytestmark = pytest.mark.twin
 
 
+@pytest.mark.twin(every_release=True)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("recipe", "sm"), recipe_sm_params())
 @pytest.mark.parametrize("module", MODULES)
@@ -65,6 +66,7 @@ def test_fp8_primary_weight_transpose_drop_then_a_step_is_bit_identical(
         assert all(r.primary_weight_cleared == 0 and r.primary_weight_bytes > 0 for r in reports), reports
 
 
+@pytest.mark.twin(every_release=True)
 def test_the_release_boundary_of_the_transpose_drop_a_drop_before_2_4_breaks_the_next_step(release: str) -> None:
     """Why the shim drops primary-weight transposes only from TE 2.4 (te/primary.py TRANSPOSE_REBUILT_FROM):
     the same drop through TE's own `update_usage(columnwise_usage=False)` after an optimizer step
