@@ -71,23 +71,31 @@ def load(release: str, sm: int = 90) -> types.ModuleType:
     return te
 
 
-def init_world() -> None:
-    """World size 1 over gloo, tensor/pipeline parallel 1, Megatron's RNG tracker seeded."""
+def init_world(backend: str = "gloo") -> None:
+    """World size 1 over gloo (nccl for real TE on a GPU), tensor/pipeline parallel 1."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
 
 
 def build(
-    fp8: str, *, layers: int = 2, hidden: int = 64, heads: int = 4, recipe: str | None = None, bf16: bool = False
+    fp8: str,
+    *,
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    recipe: str | None = None,
+    bf16: bool = False,
+    cuda: bool = False,
 ) -> Any:
     """A freshly seeded GPTModel from TE's layer spec, FP8 `fp8` ("hybrid" or "e4m3") with Megatron's
     fp8_recipe `recipe` (RECIPE_CLASS; default FP8[fp8]), float32 or bf16 parameters (Megatron's
-    --bf16), in megatron DDP. Typed `Any`: megatron ships no types."""
+    --bf16), in megatron DDP; `cuda`: on a real GPU with TE's real extension (the demo's "te" mode:
+    nccl, the model moved to the GPU). Typed `Any`: megatron ships no types."""
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.models.gpt import GPTModel
@@ -100,7 +108,7 @@ def build(
     recipe = recipe or FP8[fp8]
     if recipe not in RECIPE_CLASS:
         raise ValueError(f"recipe must be one of {', '.join(RECIPE_CLASS)}, not {recipe!r}")
-    init_world()
+    init_world("nccl" if cuda else "gloo")
     model_parallel_cuda_manual_seed(SEED)
     torch.manual_seed(SEED)
     config = TransformerConfig(
@@ -126,6 +134,8 @@ def build(
         from megatron.core.transformer.module import Float16Module
 
         model = Float16Module(config, model)
+    if cuda:
+        model = model.cuda()
     return DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
 
 
@@ -136,14 +146,14 @@ def _tokens(step: int, microbatch: int) -> torch.Tensor:
     return torch.randint(0, VOCAB, (MICRO_BATCH, SEQ + 1), generator=g)
 
 
-def train_step(ddp: Any, step: int, microbatches: int = 2) -> list[torch.Tensor]:
+def train_step(ddp: Any, step: int, microbatches: int = 2, device: str | None = None) -> list[torch.Tensor]:
     """One optimizer step of `microbatches` microbatches through Megatron's schedule (which marks
     the first microbatch, so TE quantizes each weight once and reuses its cache for the others, and
     runs `finalize_model_grads`), then SGD on `main_grad`. Returns the microbatches' losses."""
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    positions = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, SEQ)
+    positions = torch.arange(SEQ, device=device).unsqueeze(0).expand(MICRO_BATCH, SEQ)
 
     def forward_step(data: Iterator[torch.Tensor], model: Any) -> tuple[torch.Tensor, Callable]:
         tokens = next(data)
@@ -156,7 +166,7 @@ def train_step(ddp: Any, step: int, microbatches: int = 2) -> list[torch.Tensor]
         return output, loss_func
 
     ddp.zero_grad_buffer()
-    data = iter([_tokens(step, mb) for mb in range(microbatches)])
+    data = iter([_tokens(step, mb).to(device) for mb in range(microbatches)])
     out = get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=data,
