@@ -206,7 +206,7 @@ def main() -> int:
     parser.add_argument("--verl", default="0.8.0", help=f"verl release, one of {', '.join(installed) or 'none'}")
     parser.add_argument("--te", default=RELEASES[0], help=f"TE release on the CPU twin, one of {', '.join(RELEASES)}")
     parser.add_argument(
-        "--mode", choices=["te", "twin", "standins"], help="require this mode (harness/demo_mode.py) or fail; default: chosen"
+        "--mode", choices=["te", "twin", "standins"], help="require this mode or fail (harness/demo_mode.py)"
     )
     parser.add_argument("--case", choices=["with", "without"], help=argparse.SUPPRESS)
     args = parser.parse_args()
