@@ -38,27 +38,62 @@ LABELS = {"without": "without the shim", "with": "with the shim", "net": "a fork
 FORK = "fork_of_verl.megatron_utils"  # the module name the net case loads verl's file under
 
 
-def one_case(mode: str, layers: int, hidden: int, te: str) -> dict:
-    shim = mode != "without"
+def one_case(case: str, layers: int, hidden: int, te: str, forced: str | None = None) -> dict:
+    shim = case != "without"
     if shim:
         import te_offload_shim  # noqa: F401  - what a user adds: the whole fix
-    lines = _net_lines() if mode == "net" else []
-    result = _run_case(mode, shim, layers, hidden, te)
-    return {**result, "mode": mode, "net_lines": lines}
+    lines = _net_lines() if case == "net" else []
+    result = _run_case(case, shim, layers, hidden, te, forced)
+    return {**result, "mode": case, "net_lines": lines}
 
 
-def _run_case(mode: str, shim: bool, layers: int, hidden: int, te: str) -> dict:
-    import torch
+def _run_case(case: str, shim: bool, layers: int, hidden: int, te: str, forced: str | None) -> dict:
+    from harness import demo_mode  # which TE this machine runs (its choice is unit-tested)
 
-    if torch.cuda.is_available():
-        why = "CUDA machine: TE's CPU twin cannot share a process with a real GPU"
-        return _standin_case(shim, layers, hidden, why)
-    from harness import gpt_on_twin, te_releases
+    mode = demo_mode.choose(demo_mode.facts(te), forced)
+    if mode.name == "te":
+        return _te_case(shim, layers, hidden) | {"mode_why": mode.why}
+    if mode.name == "standins":
+        return _standin_case(shim, layers, hidden, mode.why) | {"mode_why": mode.why}
+    from harness import gpt_on_twin
 
-    if not te_releases.installed(te):  # checked first: a failed load leaves the twin's CUDA answers behind
-        return _standin_case(shim, layers, hidden, f"TE {te} is not in {te_releases.folder(te)} (setup-env.sh)")
     gpt_on_twin.load(te)
-    return _twin_case(mode, shim, layers, hidden, te)
+    return _twin_case(case, shim, layers, hidden, te) | {"mode_why": mode.why}
+
+
+def _te_case(shim: bool, layers: int, hidden: int) -> dict:
+    """TE's real kernels on the GPU (no twin, no stand-ins): a step, verl's offload and reload,
+    another step; the driver-visible memory before and after the offload."""
+    import torch
+    import transformer_engine
+
+    from harness import gpt_on_twin as gpt
+    from harness import megatron_world as w
+
+    ddp = gpt.build("hybrid", layers=layers, hidden=hidden, cuda=True)
+    losses = gpt.train_step(ddp, 0, device="cuda")
+    from verl.utils import megatron_utils
+    from verl.workers.engine.megatron import transformer_impl  # verl's caller, as verl imports it
+
+    before = {"caches": gpt.cache_state([ddp]), **w.device_memory()}
+    resident_before = _resident([ddp], cuda=True)
+    transformer_impl.offload_megatron_model_to_cpu([ddp])
+    after = {"caches": gpt.cache_state([ddp]), **w.device_memory()}
+    resident = {"before": resident_before, "after": _resident([ddp], cuda=True)}
+    megatron_utils.load_megatron_model_to_gpu([ddp])
+    losses += gpt.train_step(ddp, 1, device="cuda")
+    return {
+        "shim": shim,
+        "backend": "te",
+        "te": transformer_engine.__version__,
+        "device": "cuda",
+        "gpu": torch.cuda.get_device_name(),
+        "before": before,
+        "after": after,
+        "resident": resident,
+        "losses": [float(loss) for loss in losses],
+        "loss_bits": [int(loss.float().view(torch.int32).item()) for loss in losses],
+    }
 
 
 def _net_lines() -> list[str]:
@@ -220,6 +255,9 @@ def main() -> int:
     parser.add_argument("--hidden", type=_count(16, 16), default=512, help=hidden_help)
     parser.add_argument("--verl", default="0.8.0", help=f"verl release, one of {', '.join(installed) or 'none'}")
     parser.add_argument("--te", default=RELEASES[0], help=f"TE release on the CPU twin, one of {', '.join(RELEASES)}")
+    parser.add_argument(
+        "--mode", choices=["te", "twin", "standins"], help="require this mode or fail (harness/demo_mode.py)"
+    )
     parser.add_argument("--case", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.verl not in installed:
@@ -231,7 +269,7 @@ def main() -> int:
         import warnings
 
         warnings.filterwarnings("ignore")
-        result = one_case(args.case, args.layers, args.hidden, args.te)
+        result = one_case(args.case, args.layers, args.hidden, args.te, args.mode)
         print("RESULT " + json.dumps(result))
         return 0
 
@@ -240,7 +278,7 @@ def main() -> int:
     procs = []
     for case in CASES:  # three fresh interpreters, side by side (most of each is imports)
         cmd = [sys.executable, __file__, "--case", case, "--layers", str(args.layers), "--hidden", str(args.hidden)]
-        cmd += ["--te", args.te]
+        cmd += ["--te", args.te] + (["--mode", args.mode] if args.mode else [])
         case_env = dict(env, TE_OFFLOAD_SHIM="0") if case == "without" else env
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=case_env))
     results = []
@@ -256,12 +294,19 @@ def main() -> int:
 
 def report(results: list[dict], args: argparse.Namespace) -> int:
     without, with_, net = results
-    device, twin = without["device"], without["backend"] == "twin"
+    device, twin, real = without["device"], without["backend"] == "twin", without["backend"] == "te"
+    print(f"mode: {without['backend']} ({without.get('mode_why', '')})")
     print(
         f"verl {args.verl} offload_megatron_model_to_cpu on a megatron-core GPTModel ({args.layers} layers, "
         f"hidden {args.hidden}) in megatron DDP, device: {device}"
     )
-    if twin:
+    if real:
+        print(
+            f"Layers from TE's layer spec: Transformer Engine {without['te']} with its compiled extension, TE's real "
+            f"kernels on {without['gpu']} (no twin, no stand-ins);\nthe FP8 caches are the ones TE's forward made "
+            "(FP8 delayed scaling). Each run: a training step, the offload, the reload, another step."
+        )
+    elif twin:
         print(
             f"Layers from TE's layer spec: Transformer Engine {without['te']}'s own modules (its PyPI wheel) on a CPU "
             "twin of its compiled extension;\nthe FP8 caches are the ones TE's forward made (FP8 delayed scaling). "
@@ -287,8 +332,16 @@ def report(results: list[dict], args: argparse.Namespace) -> int:
     print()
     print_resident(results)
     print()
-    same = print_losses(results) if twin else True
-    if twin:
+    if device == "cuda":
+        for r in results:
+            label = "with the shim" if r["shim"] else "without the shim"
+            print(
+                f"Driver-visible free memory (torch.cuda.mem_get_info), {label}: {fmt(r['before']['free']).strip()} "
+                f"before the offload, {fmt(r['after']['free']).strip()} after"
+            )
+        print()
+    same = print_losses(results) if twin or real else True
+    if twin or real:
         print()
     for line in net["net_lines"][:1]:
         print(f"The net's log line:\n  {line}\n")

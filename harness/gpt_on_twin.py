@@ -37,9 +37,16 @@ if TYPE_CHECKING:
 
 # The releases the stack runs on here (tests/twin/test_twin_stack.py: each of them, both recipes but 2.1's)
 RELEASES = ("2.20.2", "2.16.1", "2.9.0", "2.4.0", "2.1.0")
-# TransformerConfig.fp8 -> the fp8_recipe it runs with here: "hybrid" (E4M3 forward, E5M2 grads)
-# under delayed scaling, "e4m3" under per-tensor current scaling
+# TransformerConfig.fp8 -> the fp8_recipe it runs with by default: "hybrid" (E4M3 forward, E5M2
+# grads) under delayed scaling, "e4m3" under per-tensor current scaling
 FP8 = {"hybrid": "delayed", "e4m3": "tensorwise"}
+# Megatron's fp8_recipe -> the TE recipe class it makes (megatron/core/fp8_utils.py get_fp8_recipe)
+RECIPE_CLASS = {
+    "delayed": "DelayedScaling",
+    "tensorwise": "Float8CurrentScaling",
+    "blockwise": "Float8BlockScaling",
+    "mxfp8": "MXFP8BlockScaling",
+}
 SEQ, MICRO_BATCH, VOCAB = 16, 2, 128  # FP8 GEMMs want dimensions that are multiples of 16
 SEED = 1234
 LR = 0.05
@@ -47,14 +54,15 @@ LR = 0.05
 Models = list[Any]
 
 
-def load(release: str) -> types.ModuleType:
-    """TE `release` on the twin, the CUDA RNG answered, torch single-threaded (bit-reproducible)."""
+def load(release: str, sm: int = 90) -> types.ModuleType:
+    """TE `release` on the twin as an sm`sm` GPU (100 for MXFP8), the CUDA RNG answered, torch
+    single-threaded (bit-reproducible)."""
     import torch
 
     from harness import te_twin
     from harness.te_twin import cuda_rng
 
-    te = te_twin.load(release)
+    te = te_twin.load(release, sm=sm)
     cuda_rng.install()
     torch.set_num_threads(1)
     # CUDA's generator is the CPU's here (harness/te_twin/device.py), so every initialisation inside
@@ -63,13 +71,13 @@ def load(release: str) -> types.ModuleType:
     return te
 
 
-def init_world() -> None:
-    """World size 1 over gloo, tensor/pipeline parallel 1, Megatron's RNG tracker seeded."""
+def init_world(backend: str = "gloo") -> None:
+    """World size 1 over gloo (nccl for real TE on a GPU), tensor/pipeline parallel 1."""
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
 
@@ -80,13 +88,18 @@ def build(
     layers: int = 2,
     hidden: int = 64,
     heads: int = 4,
+    recipe: str | None = None,
+    bf16: bool = False,
+    cuda: bool = False,
     frozen: Callable[[str], bool] | None = None,
     wrap: bool = True,
 ) -> Any:
-    """A freshly seeded GPTModel from TE's layer spec, FP8 `fp8` ("hybrid" or "e4m3"), in megatron
-    DDP (`wrap=False`: the bare model, as a reference model is built). `frozen(name)`: the parameters
-    it names have `requires_grad=False` before DDP is built, so they stay out of its buffers (the base
-    weights of a LoRA run). Typed `Any`: megatron ships no types."""
+    """A freshly seeded GPTModel from TE's layer spec, FP8 `fp8` ("hybrid" or "e4m3") with Megatron's
+    fp8_recipe `recipe` (RECIPE_CLASS; default FP8[fp8]), float32 or bf16 parameters (Megatron's
+    --bf16), in megatron DDP (`wrap=False`: the bare model, as a reference model is built); `cuda`: on
+    a real GPU with TE's real extension (the demo's "te" mode: nccl, the model moved to the GPU).
+    `frozen(name)`: the parameters it names have `requires_grad=False` before DDP is built, so they
+    stay out of its buffers (the base weights of a LoRA run). Typed `Any`: megatron ships no types."""
     import torch
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.models.gpt import GPTModel
@@ -96,7 +109,10 @@ def build(
 
     if fp8 not in FP8:
         raise ValueError(f"fp8 must be one of {', '.join(FP8)}, not {fp8!r}")
-    init_world()
+    recipe = recipe or FP8[fp8]
+    if recipe not in RECIPE_CLASS:
+        raise ValueError(f"recipe must be one of {', '.join(RECIPE_CLASS)}, not {recipe!r}")
+    init_world("nccl" if cuda else "gloo")
     model_parallel_cuda_manual_seed(SEED)
     torch.manual_seed(SEED)
     config = TransformerConfig(
@@ -104,10 +120,10 @@ def build(
         hidden_size=hidden,
         num_attention_heads=heads,
         use_cpu_initialization=True,
-        bf16=False,
-        params_dtype=torch.float32,
+        bf16=bf16,
+        params_dtype=torch.bfloat16 if bf16 else torch.float32,
         fp8=fp8,
-        fp8_recipe=FP8[fp8],
+        fp8_recipe=recipe,
         attention_backend="unfused",
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
@@ -121,6 +137,12 @@ def build(
     for name, param in model.named_parameters():
         if frozen is not None and frozen(name):
             param.requires_grad_(False)
+    if bf16:  # as Megatron's get_model does under --bf16: parameters cast, inputs and outputs converted
+        from megatron.core.transformer.module import Float16Module
+
+        model = Float16Module(config, model)
+    if cuda:
+        model = model.cuda()
     if not wrap:
         return model
     return DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
@@ -137,6 +159,7 @@ def train_step(
     ddp: Any,
     step: int,
     microbatches: int = 2,
+    device: str | None = None,
     *,
     between: Callable[[int], None] | None = None,
     forward_only: bool = False,
@@ -149,7 +172,7 @@ def train_step(
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    positions = torch.arange(SEQ).unsqueeze(0).expand(MICRO_BATCH, SEQ)
+    positions = torch.arange(SEQ, device=device).unsqueeze(0).expand(MICRO_BATCH, SEQ)
 
     seen: list[torch.Tensor] = []
 
@@ -168,7 +191,7 @@ def train_step(
 
     if not forward_only:
         ddp.zero_grad_buffer()
-    data = iter([_tokens(step, mb) for mb in range(microbatches)])
+    data = iter([_tokens(step, mb).to(device) for mb in range(microbatches)])
     out = get_forward_backward_func()(
         forward_step_func=forward_step,
         data_iterator=data,
@@ -209,6 +232,26 @@ def float8_class(value: Any) -> str | None:
     return None
 
 
+# Every TE quantized value class a cache may hold: per-tensor FP8, FP8 blocks, MXFP8 (tensor,
+# 2.0 - 2.8 base, 2.9+ storage)
+QUANTIZED = FLOAT8 | {
+    f"{name}{suffix}" for name in ("MXFP8Tensor", "Float8BlockwiseQTensor") for suffix in ("", "Base", "Storage")
+}
+
+
+def quantized_class(value: Any) -> str | None:
+    """The name of TE's quantized class `value` is (or derives from), None for anything else."""
+    for cls in type(value).__mro__:
+        if cls.__name__ in QUANTIZED and cls.__module__.startswith("transformer_engine."):
+            return cls.__name__
+    return None
+
+
+def te_quantized_entries(models: Models) -> int:
+    """How many cached values are TE's own quantized tensors (or storage objects), any recipe."""
+    return sum(1 for _, _, value in fp8_workspaces(models) if quantized_class(value) is not None)
+
+
 def te_float8_entries(models: Models) -> int:
     """How many cached values are TE's own per-tensor FP8 tensors (or their storage objects)."""
     return sum(1 for _, _, value in fp8_workspaces(models) if float8_class(value) is not None)
@@ -227,12 +270,12 @@ def cache_state(models: Models) -> dict[str, int]:
 @contextlib.contextmanager
 def flushes(models: Models) -> Iterator[list[int]]:
     """Inside: each `torch.cuda.empty_cache()` (verl's own allocator flush, which frees nothing on
-    the twin) records how many TE FP8 caches `models` still hold at that moment."""
+    the twin) records how many TE quantized caches `models` still hold at that moment."""
     import torch
 
     seen: list[int] = []
     flush = torch.cuda.empty_cache
-    torch.cuda.empty_cache = lambda: seen.append(te_float8_entries(models))  # type: ignore[assignment]
+    torch.cuda.empty_cache = lambda: seen.append(te_quantized_entries(models))  # type: ignore[assignment]
     try:
         yield seen
     finally:

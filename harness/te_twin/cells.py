@@ -11,8 +11,87 @@ from typing import Any
 
 import pytest
 
+# Every TE 2.x release the class probe installs (harness/te_releases.py). FULL_MATRIX releases run
+# every test; the others the tests marked `twin(every_release=True)`, float32 cells only (the CI
+# budget: docs/te-twin.md gives the matrix).
+TWIN_RELEASES = ("2.20.2", "2.19.0", "2.18.0", "2.16.1", "2.12.0", "2.10.0", "2.9.0", "2.8.0", "2.4.0", "2.1.0")
+FULL_MATRIX = ("2.20.2", "2.16.1", "2.9.0", "2.4.0", "2.1.0")
+# TE 1.x is not twinned (one test, tests/twin/test_twin_releases.py, skips with this reason).
+NOT_TWINNED = {
+    "1.13.0": (
+        "TE 1.x is not twinned: its GEMM, casts and activations are TorchScript ops its compiled library "
+        "registers (torch.ops.tex_ts.te_gemm_ts, cast_to_fp8_ts, gelu_ts, ...) beside a 1.x extension API "
+        "(fused_cast_transpose_noop, layernorm_fwd_fp8, the FP8TensorMeta class) that TE 2.x replaced, and its "
+        "transformer_engine/pytorch/__init__.py fails on torch 2.13 (torch.onnx._type_utils, removed in torch 2.6)"
+    ),
+}
+# The first release with each recipe (transformer_engine/common/recipe.py; Megatron's fp8_utils.py
+# asks the same: tensorwise from 2.2, blockwise from 2.3): older releases' cells of it are not
+# collected (tests/twin/conftest.py), where they would exist only to skip.
+RECIPE_SINCE = {"Float8CurrentScaling": (2, 2), "Float8BlockScaling": (2, 3)}
 RECIPES = ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling")
 MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear")
+# (recipe, GPU architecture) cells: per-tensor FP8 on Hopper and on Blackwell, where TE's GEMM reads
+# other buffers (any layout from the row-wise data; no transpose is made); FP8 block scaling on
+# Hopper (TE's block-scaled GEMM requires it before 2.10 and the twin's sm100 path is MXFP8's);
+# MXFP8 on Blackwell (TE requires sm100). tests/twin/conftest.py runs each sm in a process of its own.
+RECIPE_SM = (
+    ("DelayedScaling", 90),
+    ("DelayedScaling", 100),
+    ("Float8CurrentScaling", 90),
+    ("Float8CurrentScaling", 100),
+    ("Float8BlockScaling", 90),
+    ("MXFP8BlockScaling", 100),
+)
+DTYPES = ("float32", "bf16")  # params_dtype: float32, and bf16 as Megatron's --bf16 trains
+
+
+def recipe_sm_params() -> list[Any]:
+    """`@pytest.mark.parametrize(("recipe", "sm"), recipe_sm_params())`, ids like DelayedScaling-sm90."""
+    return [pytest.param(recipe, sm, id=f"{recipe}-sm{sm}") for recipe, sm in RECIPE_SM]
+
+
+# The copies a cached value holds, by family and architecture, and which GEMM of a microbatch reads
+# each (cublaslt_gemm.cu CanonicalizeGemmInput; harness/te_twin/gemm.py): the forward (`x @ W.T`,
+# TN) and the dgrad (`dy @ W`, NN). Per-tensor FP8 has one scale-inverse for both its copies; on
+# Blackwell it keeps only the row-wise data, which both GEMMs read.
+COPIES: dict[tuple[str, int], dict[str, tuple[str, frozenset[str]]]] = {
+    ("float8", 90): {
+        "rowwise_data": ("_data", frozenset({"forward"})),
+        "columnwise_data": ("_transpose", frozenset({"dgrad"})),
+        "scale_inv": ("_scale_inv", frozenset({"forward", "dgrad"})),
+    },
+    ("float8", 100): {
+        "rowwise_data": ("_data", frozenset({"forward", "dgrad"})),
+        "scale_inv": ("_scale_inv", frozenset({"forward", "dgrad"})),
+    },
+    **{
+        (family, sm): {
+            "rowwise_data": ("_rowwise_data", frozenset({"forward"})),
+            "rowwise_scale_inv": ("_rowwise_scale_inv", frozenset({"forward"})),
+            "columnwise_data": ("_columnwise_data", frozenset({"dgrad"})),
+            "columnwise_scale_inv": ("_columnwise_scale_inv", frozenset({"dgrad"})),
+        }
+        for family, sm in (("block", 90), ("mxfp8", 100))
+    },
+}
+FAMILY = {
+    "DelayedScaling": "float8",
+    "Float8CurrentScaling": "float8",
+    "Float8BlockScaling": "block",
+    "MXFP8BlockScaling": "mxfp8",
+}
+
+
+def copy_params() -> list[Any]:
+    """(recipe, sm, copy) cells of the per-copy negative control."""
+    return [
+        pytest.param(recipe, sm, copy, id=f"{recipe}-sm{sm}-{copy}")
+        for recipe, sm in RECIPE_SM
+        for copy in COPIES[FAMILY[recipe], sm]
+    ]
+
+
 # Recipes the twin's kernels do not implement yet (their cells skip, saying so).
 NOT_IMPLEMENTED: dict[str, str] = {}
 
@@ -56,11 +135,11 @@ def expected_keys(release: str, module: str) -> list[str]:
 
 
 @functools.cache
-def keep_run(module: str, recipe: str) -> Any:
+def keep_run(module: str, recipe: str, dtype: str = "float32") -> Any:
     """The reference: caches kept through 3 steps x 2 microbatches."""
     from harness.te_twin import training
 
-    return training.train(training.build(module), recipe)
+    return training.train(training.build(module, dtype=dtype), recipe)
 
 
 def clear_between_steps(model: Any, step: int, microbatch: int) -> None:

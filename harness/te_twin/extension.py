@@ -206,6 +206,20 @@ def get_num_cublas_streams() -> int:
     return 4
 
 
+def _no_fused_attention_backend(module: TwinExtension) -> Any:
+    """nvte_get_fused_attn_backend (common/fused_attn/fused_attn.cpp): the fused attention backend
+    cuDNN offers for the arguments; the twin has no fused attention, so NVTE_No_Backend, the answer
+    TE's C++ gives when no backend fits (TE then runs its unfused PyTorch attention). From 2.20 it
+    returns (backend, the reason it rejected the others) (2.20.2 dot_product_attention/utils.py)."""
+    release = module.__twin_release__  # type: ignore[attr-defined]
+
+    def get_fused_attn_backend(*args: Any, **kwargs: Any) -> Any:
+        backend = module.NVTE_Fused_Attn_Backend.NVTE_No_Backend
+        return (backend, "the CPU twin has no fused attention") if release >= (2, 20) else backend
+
+    return get_fused_attn_backend
+
+
 def build(release: tuple[int, ...], folder: Path) -> TwinExtension:
     """The twin extension for a TE release (its DType enum's members differ by release; `folder`
     is the release's wheel, whose by-name imports from the extension must resolve)."""
@@ -251,6 +265,7 @@ def build(release: tuple[int, ...], folder: Path) -> TwinExtension:
         **activations.KERNELS,
     }
     names.update(kernels)
+    names["get_fused_attn_backend"] = _no_fused_attention_backend(module)
     if release < (2, 3):  # TE's Python swizzled MXFP8 scales itself before each GEMM
         from harness.te_twin import mxfp8
 

@@ -4,8 +4,8 @@
 Sources (TransformerEngine, main = 2.20.0.dev0 and v2.9; same semantics unless noted):
 - csrc/quantizer.cpp `Float8Quantizer` / `Float8CurrentScalingQuantizer`: `create_tensor`
   (data unless only column-wise use on Hopper, a transpose for column-wise use on Hopper,
-  scale_inv = 1 / scale for delayed scaling), `convert_and_update_tensor` (allocates or drops
-  `_data` / `_transpose` to match the quantizer's usages, sets `_transpose_invalid`), `quantize`;
+  scale_inv = 1 / scale for delayed scaling before 2.9, else uninitialised), `convert_and_update_tensor`
+  (allocates or drops `_data` / `_transpose` to match the quantizer's usages, sets `_transpose_invalid`), `quantize`;
 - common/cast (nvte_quantize_v2): cast with the quantizer's scale, amax = max(amax, max|x|)
   (atomic max into the delayed-scaling amax slot), scale_inv = 1 / scale, a transpose written
   when the output has one, everything skipped when the no-op flag is 1;
@@ -30,10 +30,10 @@ def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype, device: An
     with_transpose = bool(quantizer.columnwise_usage) and not non_tn
     data = storage.empty(shape, torch.uint8) if with_data else None
     transpose = storage.empty(storage.transpose_shape(shape), torch.uint8) if with_transpose else None
-    if storage.quantizer_kind(quantizer) == "delayed":
+    if storage.quantizer_kind(quantizer) == "delayed" and _scale_inv_from_scale():
         scale_inv = storage.output(torch.reciprocal(quantizer.scale))  # at::reciprocal(scale)
     else:
-        scale_inv = storage.empty([1], torch.float32)
+        scale_inv = storage.empty([1], torch.float32)  # at::empty: written by the quantize that follows
     fields = {
         "data": data,
         "fp8_scale_inv": scale_inv,
@@ -42,6 +42,17 @@ def create(quantizer: Any, shape: list[int], fake_dtype: torch.dtype, device: An
         "quantizer": quantizer,
     }
     return storage.new_quantized("Float8Tensor", quantizer, shape, fake_dtype, fields)
+
+
+# From 2.9 `Float8Quantizer::create_tensor(shape, dtype)` allocates the scale-inverse uninitialised
+# (`at::empty({1})`) and passes it on; before, `create_tensor` filled it with `at::reciprocal(scale)`.
+SCALE_INV_EMPTY_FROM = (2, 9)
+
+
+def _scale_inv_from_scale() -> bool:
+    from harness import te_twin
+
+    return te_twin.release() < SCALE_INV_EMPTY_FROM
 
 
 def coerce(quantizer: Any, tensor: Any) -> None:

@@ -5,8 +5,11 @@ A run is `steps` optimizer steps of `microbatches` microbatches each, forward wi
 gradient accumulation, which is when TE caches the quantized weights), inside TE's FP8 autocast
 with a fresh recipe object per run. Hooks let a test act where an offload would: after a step's
 optimizer update (`after_step`, between steps) or before a microbatch (`before_microbatch`,
-mid-step). Everything is seeded, single-threaded and in float32, so two runs that do the same
-arithmetic agree to the bit.
+mid-step). The input needs a gradient, as every layer's input does in a model, so each backward
+runs the dgrad GEMM and each cache holds the copies TE makes in training (row-wise for the
+forward, column-wise for the dgrad). Parameters are float32 or bf16 (`params_dtype`, Megatron's
+`--bf16`). Everything is seeded and single-threaded, so two runs that do the same arithmetic agree
+to the bit.
 """
 
 from __future__ import annotations
@@ -54,14 +57,19 @@ def make_recipe(name: str) -> Any:
     return cls()
 
 
-def build(module: str, seed: int = 0, *, recipe: str | None = None, fp8_weights: bool = False) -> torch.nn.Module:
-    """One of TE's modules (float32 parameters), built from a seed; with `fp8_weights` inside TE's
-    FP8 model init, so its weights are FP8 primary weights of `recipe`."""
+DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16}
+
+
+def build(
+    module: str, seed: int = 0, *, recipe: str | None = None, fp8_weights: bool = False, dtype: str = "float32"
+) -> torch.nn.Module:
+    """One of TE's modules (parameters of `dtype`: "float32" or "bf16"), built from a seed; with
+    `fp8_weights` inside TE's FP8 model init, so its weights are FP8 primary weights of `recipe`."""
     torch.manual_seed(seed)
     cls = getattr(te(), module)
 
     def make() -> torch.nn.Module:
-        kwargs: dict[str, Any] = {"params_dtype": torch.float32}
+        kwargs: dict[str, Any] = {"params_dtype": DTYPES[dtype]}
         if module == "GroupedLinear":
             return cls(GROUPS, HIDDEN, OUT, **kwargs)
         if module == "LayerNormMLP":
@@ -74,17 +82,25 @@ def build(module: str, seed: int = 0, *, recipe: str | None = None, fp8_weights:
         return make()
 
 
-def stack(module: str, seed: int = 0, *, recipe: str | None = None, fp8_weights: bool = False) -> torch.nn.Module:
-    """Two of TE's modules in a row: the second one's input requires grad, so its backward runs the
-    dgrad GEMM, which reads its weight's column-wise copy."""
-    first = build(module, seed, recipe=recipe, fp8_weights=fp8_weights)
-    second = build(module, seed + 1, recipe=recipe, fp8_weights=fp8_weights)
+def stack(
+    module: str, seed: int = 0, *, recipe: str | None = None, fp8_weights: bool = False, dtype: str = "float32"
+) -> torch.nn.Module:
+    """Two of TE's modules in a row: the second one's input is the first one's output, so its
+    dgrad GEMM reads its weight's column-wise copy and feeds the first one's backward."""
+    first = build(module, seed, recipe=recipe, fp8_weights=fp8_weights, dtype=dtype)
+    second = build(module, seed + 1, recipe=recipe, fp8_weights=fp8_weights, dtype=dtype)
     return torch.nn.ModuleList([first, second])
 
 
-def batch(step: int, microbatch: int) -> torch.Tensor:
+def batch(step: int, microbatch: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A microbatch's input, needing a gradient (as a layer's input does in a model)."""
     g = torch.Generator().manual_seed(1000 + 10 * step + microbatch)
-    return torch.randn(TOKENS, HIDDEN, generator=g)
+    return torch.randn(TOKENS, HIDDEN, generator=g).to(dtype).requires_grad_(True)
+
+
+def dtype_of(model: torch.nn.Module) -> torch.dtype:
+    """The model's parameter type (TE's `params_dtype`; the activations' type)."""
+    return next(model.parameters()).dtype
 
 
 def layers_of(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -102,9 +118,11 @@ def forward(model: torch.nn.Module, x: torch.Tensor, first: bool | None) -> torc
 
 @dataclasses.dataclass
 class Run:
-    """What a run produced: one loss per microbatch, each step's gradients, the final weights."""
+    """What a run produced: one loss and one input gradient per microbatch, each step's gradients,
+    the final weights."""
 
     losses: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    input_grads: list[torch.Tensor] = dataclasses.field(default_factory=list)
     grads: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
     weights: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
@@ -113,6 +131,8 @@ class Run:
         return (
             len(self.losses) == len(other.losses)
             and all(_equal(a, b) for a, b in zip(self.losses, other.losses, strict=True))
+            and len(self.input_grads) == len(other.input_grads)
+            and all(_equal(a, b) for a, b in zip(self.input_grads, other.input_grads, strict=True))
             and len(self.grads) == len(other.grads)
             and all(_same_dict(a, b) for a, b in zip(self.grads, other.grads, strict=True))
             and _same_dict(self.weights, other.weights)
@@ -184,17 +204,21 @@ def train(
     torch.set_num_threads(1)
     optimizer = SGD(model)
     fp8_recipe = make_recipe(recipe)
+    dtype = dtype_of(model)
     run = Run()
     for step in range(steps):
         for mb in range(microbatches):
             if before_microbatch is not None:
                 before_microbatch(model, step, mb)
             first = first_microbatch(step, mb) if first_microbatch else mb == 0
+            x = batch(step, mb, dtype)
             with te_twin.autocast(fp8_recipe):
-                y = forward(model, batch(step, mb), first)
+                y = forward(model, x, first)
             loss = (y.float() ** 2).mean() / microbatches
             loss.backward()
             run.losses.append(loss.detach().clone())
+            assert x.grad is not None, "the dgrad GEMM ran"
+            run.input_grads.append(x.grad.detach().clone())
         run.grads.append({n: p.grad.detach().clone() for n, p in optimizer.params if p.grad is not None})
         optimizer.step()
         optimizer.zero_grad()

@@ -23,20 +23,12 @@ from typing import Any
 
 import pytest
 
+from harness.te_twin.cells import FULL_MATRIX, RECIPE_SINCE, TWIN_RELEASES, release_key
+
 REPO = Path(__file__).resolve().parents[2]
 CHILD = "TE_TWIN_RELEASE"  # set in the twin process: the release it loaded
 CHILD_SM = "TE_TWIN_SM"  # and the GPU architecture it answers as (90 unless 100)
 REPORT = "TE_TWIN_REPORT"  # where the twin process writes its tests' outcomes (JSON lines)
-TWIN_RELEASES = ("2.20.2", "2.16.1", "2.9.0", "2.4.0", "2.1.0", "1.13.0")
-# Releases the twin cannot run, and why (every test of the release is skipped with this reason).
-NOT_TWINNED = {
-    "1.13.0": (
-        "TE 1.13 is not twinned: its GEMM, casts and activations are TorchScript ops its compiled library "
-        "registers (torch.ops.tex_ts.te_gemm_ts, cast_to_fp8_ts, gelu_ts, ...) beside a 1.x extension API "
-        "(fused_cast_transpose_noop, layernorm_fwd_fp8, the FP8TensorMeta class) that TE 2.x replaced, and its "
-        "transformer_engine/pytorch/__init__.py fails on torch 2.13 (torch.onnx._type_utils, removed in torch 2.6)"
-    ),
-}
 TIMEOUT = 900
 
 
@@ -59,8 +51,8 @@ def twin_sm() -> int:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "twin(sm=90): runs in a TE twin process of its `release` answering as an sm90 GPU, or sm100 (for MXFP8: "
-        "tests with recipe MXFP8BlockScaling get sm100) (tests/twin/conftest.py)",
+        "twin(sm=90): runs in a TE twin process of its `release` answering as an sm90 GPU, or sm100 (a test's "
+        "`sm` parameter chooses; without one, tests with recipe MXFP8BlockScaling get sm100) (tests/twin/conftest.py)",
     )
     release = in_twin()
     if release is not None:
@@ -70,8 +62,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "release" in metafunc.fixturenames and metafunc.definition.get_closest_marker("twin"):
-        metafunc.parametrize("release", selected_releases(), scope="function")
+    marker = metafunc.definition.get_closest_marker("twin")
+    if "release" in metafunc.fixturenames and marker:
+        every = marker.kwargs.get("every_release", False)
+        releases = [r for r in selected_releases() if every or r in FULL_MATRIX]
+        metafunc.parametrize("release", releases, scope="function")
+
+
+def _outside_the_matrix(item: pytest.Item) -> bool:
+    """A cell not run: on the reduced releases bf16 and the per-copy controls (FULL_MATRIX only);
+    a recipe the release does not have (RECIPE_SINCE)."""
+    params = getattr(item, "callspec", None)
+    params = params.params if params is not None else {}
+    release = params.get("release")
+    if release is None:
+        return False
+    if release_key(release) < RECIPE_SINCE.get(params.get("recipe", ""), (0,)):
+        return True
+    return release not in FULL_MATRIX and (params.get("dtype") == "bf16" or "copy" in params)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -80,7 +88,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     drop: list[pytest.Item] = []
     for item in items:
         process = _process_of(item)
-        if process is None:
+        if process is not None and _outside_the_matrix(item):
+            drop.append(item)
+        elif process is None:
             (drop if child is not None else keep).append(item)  # the twin process runs twin tests only
         elif child is not None:
             (keep if process == (child, twin_sm()) else drop).append(item)
@@ -99,7 +109,10 @@ def _process_of(item: pytest.Item) -> tuple[str, int] | None:
     marker = item.get_closest_marker("twin")
     if callspec is None or marker is None or "release" not in callspec.params:
         return None
-    sm = 100 if callspec.params.get("recipe") == "MXFP8BlockScaling" else int(marker.kwargs.get("sm", 90))
+    if "sm" in callspec.params:
+        sm = int(callspec.params["sm"])
+    else:
+        sm = 100 if callspec.params.get("recipe") == "MXFP8BlockScaling" else int(marker.kwargs.get("sm", 90))
     return callspec.params["release"], sm
 
 
@@ -109,8 +122,6 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if process is None or in_twin() is not None:
         return None  # not a twin test, or the twin process running it
     release, sm = process
-    if release in NOT_TWINNED:
-        pytest.skip(NOT_TWINNED[release])
     outcomes = _twin_run(release, sm, pyfuncitem.config)
     record = outcomes.get(pyfuncitem.nodeid)
     if record is None:

@@ -8,15 +8,17 @@ import weakref
 
 import pytest
 
-from harness.te_twin.cells import MODULES, RECIPES, expected_keys, need
+from harness.te_twin.cells import DTYPES, MODULES, expected_keys, need, recipe_sm_params
 
 pytestmark = pytest.mark.twin
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.twin(every_release=True)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("recipe", "sm"), recipe_sm_params())
 @pytest.mark.parametrize("module", MODULES)
 def test_caches_are_the_ones_te_forward_made_and_the_shim_counts_and_frees_them(
-    release: str, module: str, recipe: str
+    release: str, module: str, recipe: str, sm: int, dtype: str
 ) -> None:
     """An empty `_fp8_workspaces` before the forward; after one forward(is_first_microbatch=True)
     and its backward, the keys TE's source uses, holding TE's own quantized values of the current
@@ -28,10 +30,10 @@ def test_caches_are_the_ones_te_forward_made_and_the_shim_counts_and_frees_them(
     from harness.te_twin import training
     from te_offload_shim.te.caches import clear_fp8_workspaces, scan
 
-    model = training.build(module)
+    model = training.build(module, dtype=dtype)
     assert model.__dict__["_fp8_workspaces"] == {}
     with te_twin.autocast(training.make_recipe(recipe)):
-        y = training.forward(model, training.batch(0, 0), True)
+        y = training.forward(model, training.batch(0, 0, training.DTYPES[dtype]), True)
     y.float().square().mean().backward()
     del y
     entries = training.workspaces(model)
@@ -44,7 +46,7 @@ def test_caches_are_the_ones_te_forward_made_and_the_shim_counts_and_frees_them(
         # the cached value is the quantized current weight (FP8's error: under 1/8 of each entry,
         # or of the block's amax for scaled blocks)
         weight = weights[name].detach()
-        error = (value.dequantize().float() - weight).abs()
+        error = (value.dequantize().float() - weight.float()).abs()
         assert float(error.max()) <= float(weight.abs().max()) / 8, (key, float(error.max()))
     inner = [t for v in entries.values() for t in training.inner_tensors(v)]
     expected = training.unique_storage_bytes(inner)

@@ -26,11 +26,28 @@ from typing import Any
 import pytest
 from support.verl_case import ENGINE
 
-from harness.gpt_on_twin import FP8, RELEASES
+from harness.gpt_on_twin import FP8, RECIPE_CLASS, RELEASES
 
-RECIPE_CLASS = {"hybrid": "DelayedScaling", "e4m3": "Float8CurrentScaling"}
 STEPS, LAYERS, LINEARS_PER_LAYER = 3, 2, 4  # linear_qkv, linear_proj, linear_fc1, linear_fc2
 VERL = "0.8.0"
+# Beyond delayed and current scaling on every release: the other recipes, per-tensor FP8 on a
+# Blackwell GPU and bf16 parameters, on the newest release (one id each: the CI budget).
+# (release, fp8, Megatron's fp8_recipe, sm, bf16)
+MORE = (
+    ("2.20.2", "e4m3", "blockwise", 90, False),
+    ("2.20.2", "e4m3", "mxfp8", 100, False),
+    ("2.20.2", "hybrid", "delayed", 100, False),
+    ("2.20.2", "hybrid", "delayed", 90, True),
+    ("2.20.2", "e4m3", "mxfp8", 100, True),
+)
+# the value class family each recipe caches
+PER_TENSOR = frozenset({"Float8Tensor", "Float8TensorBase", "Float8TensorStorage"})
+FAMILY = {
+    "delayed": PER_TENSOR,
+    "tensorwise": PER_TENSOR,
+    "blockwise": frozenset({"Float8BlockwiseQTensor", "Float8BlockwiseQTensorBase", "Float8BlockwiseQTensorStorage"}),
+    "mxfp8": frozenset({"MXFP8Tensor", "MXFP8TensorBase", "MXFP8TensorStorage"}),
+}
 
 
 def _cases() -> list[Any]:
@@ -45,7 +62,13 @@ def _cases() -> list[Any]:
                 marks = [
                     pytest.mark.skip(reason="TE 2.1 has no Float8CurrentScaling (Megatron's tensorwise needs 2.2)")
                 ]
-            cases.append(pytest.param(release, fp8, marks=marks, id=f"{release}-{fp8}-{recipe}"))
+            ident = f"{release}-{fp8}-{RECIPE_CLASS[recipe]}-sm90-float32"
+            cases.append(pytest.param(release, fp8, recipe, 90, False, marks=marks, id=ident))
+    for release, fp8, recipe, sm, bf16 in MORE:
+        if release in releases:
+            ident = f"{release}-{fp8}-{RECIPE_CLASS[recipe]}-sm{sm}-{'bf16' if bf16 else 'float32'}"
+            marks = [pytest.mark.subprocess(verl=VERL, timeout=300)]
+            cases.append(pytest.param(release, fp8, recipe, sm, bf16, marks=marks, id=ident))
     return cases
 
 
@@ -61,16 +84,18 @@ class Run:
     weights: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def _train_with_offloads(fp8: str, offload: Callable[[list], None], reload: Callable[[list], None]) -> Run:
+def _train_with_offloads(
+    fp8: str, recipe: str, bf16: bool, offload: Callable[[list], None], reload: Callable[[list], None]
+) -> Run:
     from harness import gpt_on_twin as gpt
 
-    ddp = gpt.build(fp8, layers=LAYERS)
+    ddp = gpt.build(fp8, layers=LAYERS, recipe=recipe, bf16=bf16)
     run = Run()
     for step in range(STEPS):
         run.losses += gpt.train_step(ddp, step)
-        run.before.append(gpt.te_float8_entries([ddp]))
+        run.before.append(gpt.te_quantized_entries([ddp]))
         run.cache_bytes.append(gpt.cache_state([ddp])["bytes"])
-        run.classes |= {str(gpt.float8_class(v)) for _, _, v in gpt.fp8_workspaces([ddp])}
+        run.classes |= {str(gpt.quantized_class(v)) for _, _, v in gpt.fp8_workspaces([ddp])}
         for module in ddp.module.modules():
             if "recipe" in getattr(module, "fp8_meta", {}):
                 run.recipes |= {c.__name__ for c in type(module.fp8_meta["recipe"]).__mro__}
@@ -104,31 +129,34 @@ def _megatron_rng_tracker_forks_cudas_generator() -> None:
     assert torch.equal(draws[0], draws[1]), "the tracker's state comes from its seed"
 
 
-@pytest.mark.parametrize(("release", "fp8"), _cases())
-def test_verl_offload_of_megatron_gpt_on_te_twin_is_cleared_and_bit_identical(release: str, fp8: str) -> None:
-    """TE's forward fills 8 FP8 caches (2 layers x 4 linears) before every offload; verl's own
-    flush finds 8 still cached without the shim and 0 with it; the shim counts exactly their bytes;
-    all 6 losses and every weight are bit-identical with and without it."""
+@pytest.mark.parametrize(("release", "fp8", "recipe", "sm", "bf16"), _cases())
+def test_verl_offload_of_megatron_gpt_on_te_twin_is_cleared_and_bit_identical(
+    release: str, fp8: str, recipe: str, sm: int, bf16: bool
+) -> None:
+    """TE's forward fills 8 FP8 caches (2 layers x 4 linears) of the recipe's class before every
+    offload; verl's own flush finds 8 still cached without the shim and 0 with it; the shim counts
+    exactly their bytes; all 6 losses and every weight are bit-identical with and without it."""
     from harness import gpt_on_twin as gpt
 
-    gpt.load(release)
+    gpt.load(release, sm=sm)
     _megatron_rng_tracker_forks_cudas_generator()
     caller = importlib.import_module(ENGINE)
     from verl.utils import megatron_utils
 
     assert "te_offload_shim" not in sys.modules, "the run without the shim must not have loaded it"
-    without = _train_with_offloads(fp8, caller.offload_megatron_model_to_cpu, megatron_utils.load_megatron_model_to_gpu)
+    offload, reload = caller.offload_megatron_model_to_cpu, megatron_utils.load_megatron_model_to_gpu
+    without = _train_with_offloads(fp8, recipe, bf16, offload, reload)
 
     import te_offload_shim  # patches verl's module and rebinds the engine's from-imported name
 
-    shim = _train_with_offloads(fp8, caller.offload_megatron_model_to_cpu, megatron_utils.load_megatron_model_to_gpu)
+    shim = _train_with_offloads(fp8, recipe, bf16, caller.offload_megatron_model_to_cpu, reload)
     stats = te_offload_shim.stats()
 
     entries = LAYERS * LINEARS_PER_LAYER
     for run in (without, shim):
         assert run.before == [entries] * STEPS, "TE's forward makes one FP8 weight cache per linear, every step"
-        assert len(run.classes) == 1 and run.classes <= gpt.FLOAT8, run.classes
-        assert RECIPE_CLASS[fp8] in run.recipes, run.recipes
+        assert len(run.classes) == 1 and run.classes <= FAMILY[recipe], run.classes
+        assert RECIPE_CLASS[recipe] in run.recipes, run.recipes
         assert run.offloaded == [True] * STEPS, "verl's offload freed the DDP buffers"
         assert len(run.losses) == STEPS * 2
     assert without.at_flush == without.before, "without the shim the caches are still there at verl's flush"
