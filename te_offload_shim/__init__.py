@@ -111,7 +111,7 @@ BUILTIN_MODULES = (
 # Ray's come first: integrations/ray.py tells the engine how to see through a `@ray.remote` class
 # when it loads, which must happen before a table module that imports Ray has its targets patched
 # (`install()` runs the callbacks of modules imported before it in this order).
-_PATCH_TARGETS = "te_offload_shim.api:on_target_import"
+_PATCH_TARGETS = "te_offload_shim.api:patch_target_module"
 WATCH = {
     "ray": "te_offload_shim.integrations.ray:on_ray_import",  # ray.init gains our worker setup hook
     "ray._private.function_manager": "te_offload_shim.integrations.ray:on_function_manager_import",  # actor classes
@@ -185,7 +185,7 @@ def _uninstall(restore: "Callable[[BaseException | None], int]") -> int:
         _installed = False
         error = None
         try:
-            _load_firing().unwatch_all()
+            _load_post_import().unwatch_all()
         except Exception as exc:
             error = exc
         return restore(error)
@@ -257,7 +257,7 @@ def __dir__() -> "list[str]":
 # --- the post-import hook, the half that notices -------------------------------------------------
 #
 # `_watcher` runs callbacks right after a named module finishes executing. It is split in two: the
-# half here must be on `sys.meta_path` from the start, and notices a watched module; `_firing`
+# half here must be on `sys.meta_path` from the start, and notices a watched module; `_post_import`
 # attaches its callbacks to the import and runs them, and loads the first time a watched module turns up.
 # What the two promise, and how:
 #
@@ -277,11 +277,11 @@ def __dir__() -> "list[str]":
 # - `sys.meta_path` is replaced, never edited in place: another thread's import may be walking it.
 # - No import statement runs inside `find_spec`: the import system holds its global lock there,
 #   and an import that waits for a module lock held by a thread that waits for the global lock
-#   would deadlock both. `_firing` is loaded there by hand (`_load_firing`), taking no lock, and its
+#   would deadlock both. `_post_import` is loaded there by hand (`_load_post_import`), taking no lock, and its
 #   body imports nothing an interpreter has not loaded already. Callbacks run after the module
 #   body, outside that lock.
 
-_FIRING = "te_offload_shim._firing"
+_POST_IMPORT = "te_offload_shim._post_import"
 
 
 class _Watcher:
@@ -292,13 +292,13 @@ class _Watcher:
         # at start-up); replaced in a forked child all the same (end of file).
         self.lock = _thread.RLock()
         self.on_error: Callable[[str, BaseException], None] | None = None
-        self.firing: dict[int, str] = {}  # thread -> the name whose callbacks it is running (see `_firing`)
+        self.firing: dict[int, str] = {}  # thread -> the name whose callbacks it is running (see `_post_import`)
         self.searching: set[tuple[int, str]] = set()  # (thread, name): our own look-ups in find_spec
         # In a forked child: name -> weak reference to a module whose callbacks a thread that did
         # not survive the fork was running. Its body has run (callbacks run after it), but its
         # spec says "initializing" for good, since that thread's import never ends here.
         self.cut_short: dict[str, Any] = {}
-        self.failures: dict[str, Any] = {}  # name -> `_firing.Failure`: callbacks that raised, to run again
+        self.failures: dict[str, Any] = {}  # name -> `_post_import.Failure`: callbacks that raised, to run again
         self.generation = 0  # imports begun (find_spec calls while watching): a retry waits for the next
 
     def watch(self, callback: "Callback", *names: str) -> None:
@@ -314,7 +314,7 @@ class _Watcher:
                 self._to_front()
         for name in dict.fromkeys(names):  # a user target may repeat a built-in module
             if name in sys.modules:
-                firing = _firing_or_none(name)
+                firing = _post_import_or_none(name)
                 if firing is not None:
                     firing.arrived(name, callback)
 
@@ -339,7 +339,7 @@ class _Watcher:
             spec = _bootstrap._find_spec(fullname, path, target)  # type: ignore[attr-defined]
         finally:
             self.searching.discard(key)
-        firing = None if spec is None else _firing_or_none(fullname)
+        firing = None if spec is None else _post_import_or_none(fullname)
         if firing is not None:
             try:
                 firing.attach(spec, fullname, watched, unseen)
@@ -358,7 +358,7 @@ class _Watcher:
     def loaded_unseen(self) -> "list[tuple[str, ModuleType]]":
         # Watched modules loaded without our loader seeing them. One still executing gets its spec
         # tagged (its callbacks run when it finishes); the finished ones are returned, for
-        # `_firing.sweep` to fire (never from inside find_spec).
+        # `_post_import.sweep` to fire (never from inside find_spec).
         found = []
         for name in list(self.callbacks):
             module = sys.modules.get(name)
@@ -368,7 +368,7 @@ class _Watcher:
             if d is None:
                 continue
             if initializing and not _same(self.cut_short, name, module):
-                firing = _firing_or_none(name)
+                firing = _post_import_or_none(name)
                 if firing is not None:
                     firing.tag(d.get("__spec__"))
             else:
@@ -378,7 +378,7 @@ class _Watcher:
     def fired_for(self, name: str, module: object) -> bool:
         return _same(self.fired, name, module)
 
-    # What `_firing` does to the watcher's state, each as one method: the state has one owner.
+    # What `_post_import` does to the watcher's state, each as one method: the state has one owner.
 
     def mark_fired(self, name: str, module: object) -> None:
         # `name`'s callbacks run (or ran) for this very module object; a module type without weak
@@ -446,11 +446,11 @@ def _module_state(module: object) -> "tuple[dict | None, bool]":
         return None, False
 
 
-def _firing_or_none(name: str) -> "Any":
-    # `_firing` for the watcher's own use, or None where it cannot load (a broken install): `name`
+def _post_import_or_none(name: str) -> "Any":
+    # `_post_import` for the watcher's own use, or None where it cannot load (a broken install): `name`
     # then loads unwatched, and status() says why. Nothing raises into an import or install().
     try:
-        return _load_firing()
+        return _load_post_import()
     except Exception as exc:
         _failed(name, exc)
         return None
@@ -463,8 +463,8 @@ def _failed(name: str, exc: BaseException) -> None:
         _hook_errors.append(error)
 
 
-def _load_firing(name: str = _FIRING) -> "Any":
-    # `_firing` (or a ground module it needs, standard library only), loaded without an import
+def _load_post_import(name: str = _POST_IMPORT) -> "Any":
+    # `_post_import` (or a ground module it needs, standard library only), loaded without an import
     # statement, which would take its module lock (see above), nor the meta path. Two threads
     # racing here outside find_spec may each build one; the first in sys.modules is kept, and the
     # other is as good (all state lives in `_watcher`).
@@ -485,7 +485,7 @@ _watcher = _Watcher()
 def _take_over(old: "_Watcher", old_callback: object) -> None:
     # On a reload: this watcher takes over all the old one knew (its callbacks pointing at this
     # module's `_on_import`), the old one goes inert (no callbacks: its find_spec answers nothing)
-    # and off the meta path, and `_firing` is built again, for this watcher, at its next use.
+    # and off the meta path, and `_post_import` is built again, for this watcher, at its next use.
     with old.lock:
         _watcher.callbacks = {
             name: tuple(_on_import if c is old_callback else c for c in callbacks)
@@ -494,7 +494,7 @@ def _take_over(old: "_Watcher", old_callback: object) -> None:
         for name in ("fired", "firing", "searching", "cut_short", "failures", "generation", "on_error"):
             setattr(_watcher, name, getattr(old, name, getattr(_watcher, name)))
         old.callbacks = {}
-    sys.modules.pop(_FIRING, None)
+    sys.modules.pop(_POST_IMPORT, None)
     sys.meta_path = [finder for finder in sys.meta_path if finder is not old]
     if _watcher.callbacks:
         with _watcher.lock:
@@ -524,10 +524,10 @@ def _after_fork_in_child() -> None:
     watcher.firing = {t: n for t, n in watcher.firing.items() if t == me}
     watcher.searching = {key for key in watcher.searching if key[0] == me}
     # Imports in flight at the fork: the import system copies their module locks as they are, held
-    # by threads gone with it. `_firing` frees those of the shim's own (`free_imports_cut_short`).
+    # by threads gone with it. `_post_import` frees those of the shim's own (`free_imports_cut_short`).
     if getattr(_bootstrap, "_module_locks", None):
         try:
-            _load_firing().free_imports_cut_short(me, gone)
+            _load_post_import().free_imports_cut_short(me, gone)
         except Exception:  # the child goes on as it would have
             pass
 

@@ -1,5 +1,5 @@
 """The functions a user calls: `uninstall`, `status`, `stats`, `scan`, `clear_fp8_workspaces`,
-`residue`, `ray_setup`; `on_target_import`, which the start-up's watch table names for the table's
+`residue`, `ray_setup`; `patch_target_module`, which the start-up's watch table names for the table's
 modules; and `all_targets`, for this module and `status` only (it returns the engine's `Target`, which
 is no public type: the package does not export it, and `status()`'s rows say the same to a user).
 
@@ -65,18 +65,18 @@ def all_targets() -> tuple[Target, ...]:
     return (*BUILTIN, *parse_user_targets(_switches.user_targets())[0])
 
 
-def on_target_import(module: ModuleType) -> None:
+def patch_target_module(module: ModuleType) -> None:
     """The start-up's callback for a target module: patch the targets that live in it."""
-    from te_offload_shim.engine.patch import on_target_import as patch_targets
+    from te_offload_shim.engine.patch import patch_targets_in
 
-    patch_targets(module, all_targets())
+    patch_targets_in(module, all_targets())
 
 
 def status() -> Status:
     """What this process has: switches, and for each target whether it is imported and patched."""
     failures: dict[str, tuple[str, int, bool]] = {}
     if _shim.installed():
-        firing = _shim._load_firing()
+        firing = _shim._load_post_import()
         firing.sweep(occasion=True)  # a later occasion: callbacks that raised run again
         failures = firing.failures()
     from te_offload_shim.engine.status import status as status_

@@ -19,7 +19,7 @@ from te_offload_shim._locks import Lock, held_here
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
 from te_offload_shim._reload import kept
 from te_offload_shim._signals import raised_by_signal_handler
-from te_offload_shim.engine import hooks, registry
+from te_offload_shim.engine import integration_hints, registry
 from te_offload_shim.te import caches, process_globals
 from te_offload_shim.te.caching_off import describe
 from te_offload_shim.te.chunks import as_chunks
@@ -104,7 +104,7 @@ def _left_alone(target: Target, reason: str) -> None:
     log(10, "te_offload_shim: %s: left alone: %s", target.path, reason)
 
 
-def _record(target: Target, report: caches.CacheReport) -> None:
+def _count_clearing(target: Target, report: caches.CacheReport) -> None:
     global _announced
     with _lock:
         _totals["calls"] += 1
@@ -251,7 +251,7 @@ class Handler:
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
         if self.takes_self and instance is not None:
             args = (instance, *args)
-        ignored = hooks.ignored_keywords()  # keywords a framework adds (Ray's tracing): no model argument
+        ignored = integration_hints.ignored_keywords()  # keywords a framework adds (Ray's tracing): no model argument
         if ignored and not ignored.isdisjoint(kwargs):
             own = self.signature.parameters
             kwargs = {k: v for k, v in kwargs.items() if k not in ignored or k in own}
@@ -324,7 +324,7 @@ class Handler:
             models = chunks
         # The chunks are split once per call, here: the clearing takes them as they are.
         report = caches.clear_chunks(chunks, refused=refused, params=params, strict=_switches.strict())
-        _record(target, report)
+        _count_clearing(target, report)
         if _switches.te_globals():  # opt-in: TE's re-creatable globals too, after the caches
             process_globals.give_back(report)
         # A clearing limited to some layers (megatron-core's: one buffer's) covers no whole chunk.

@@ -22,12 +22,12 @@ if TYPE_CHECKING:
     from te_offload_shim.engine.schema import Target
     from te_offload_shim.engine.states import TargetState
 
-__all__ = ["PATCH_KIND", "ShimWrapper", "apply", "on_target_import", "owner_of", "shim_layers"]
+__all__ = ["PATCH_KIND", "ShimWrapper", "apply", "owner_of", "patch_targets_in", "shim_layers"]
 
 PATCH_KIND = "target"  # the registry kind of a table (or user) target's patch
 
 
-def on_target_import(module: ModuleType, targets: tuple[Target, ...]) -> None:
+def patch_targets_in(module: ModuleType, targets: tuple[Target, ...]) -> None:
     """Patch every target that lives in `module`; say once of each one that cannot be patched."""
     spec = getattr(module, "__spec__", None)
     name = spec.name if spec is not None else module.__name__

@@ -1,7 +1,7 @@
 """What the shim has done in this process, read-only: `status()` per target, `stats()` totals.
 
 Reads the registry and the handler's counters; patches nothing (the import callback that patches
-is `engine.patch.on_target_import`). The report types are in `engine/states.py`.
+is `engine.patch.patch_targets_in`). The report types are in `engine/states.py`.
 """
 
 from __future__ import annotations

@@ -16,10 +16,11 @@ real class. In the worker, Ray loads the class in `FunctionActorManager._load_ac
 class they return, wrap every copy of a method we patched: a copy is recognised by its module and
 qualified name (the `__wrapped__` chain of the tracing closure ends in the copied function).
 
-What Ray does to a patched entry point, told to the engine through its hooks (engine/hooks.py) when
-this module loads (the start-up watches `ray` ahead of the table's modules, so that happens before
-any target of a module that imports Ray is patched): a class made with `@ray.remote` is patched
-through `__ray_metadata__.modified_class`, and Ray's `_ray_trace_ctx` keyword is not a model argument.
+What Ray does to a patched entry point, told to the engine through its integration hints
+(engine/integration_hints.py) when this module loads (the start-up watches `ray` ahead of the
+table's modules, so that happens before any target of a module that imports Ray is patched): a class
+made with `@ray.remote` is patched through `__ray_metadata__.modified_class`, and Ray's
+`_ray_trace_ctx` keyword is not a model argument.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from te_offload_shim._log import warn_once
-from te_offload_shim.engine import hooks, registry
+from te_offload_shim.engine import integration_hints, registry
 from te_offload_shim.integrations import ray_runtime_env
 
 # engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap:
@@ -49,8 +50,8 @@ def remote_user_class(obj: object) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-hooks.ignore_keyword(TRACE_CTX_KEYWORD)
-hooks.find_classes_with(remote_user_class)
+integration_hints.ignore_keyword(TRACE_CTX_KEYWORD)
+integration_hints.find_classes_with(remote_user_class)
 
 
 HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR

@@ -136,7 +136,7 @@ def _process_chunk(
         _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
     live, workspaces = _live(modern, modern_dicts, report)
     if live and not _graphed(index, chunk, tree, names, workspaces, report):
-        taken.take(names, live, workspaces, clear, report)
+        taken.collect_entries(names, live, workspaces, clear, report)
 
 
 def _report_legacy(legacy: list[Any], dicts: list[dict], names: Names, torch: Any, report: CacheReport) -> None:
@@ -285,8 +285,10 @@ class _Batch:
         if own:
             self.params += own.values()
 
-    def take(self, where: Where, live: list[Any], workspaces: list[Any], clear: bool, report: CacheReport) -> None:
-        """Take (and, when clearing, clear) the entries of these modules (`workspaces[i]` is
+    def collect_entries(
+        self, where: Where, live: list[Any], workspaces: list[Any], clear: bool, report: CacheReport
+    ) -> None:
+        """Collect (and, when clearing, clear) the entries of these modules (`workspaces[i]` is
         `live[i]`'s). A plain dict, the layout of every TE release that has one, is read and
         cleared inline: neither can raise, and this runs once per TE layer of the model. Anything
         else goes the careful way (`clear_module`). `where` names a module for the records."""

@@ -204,7 +204,7 @@ def test_a_callback_that_always_raises_is_given_up_after_a_few_attempts(tmp_path
     attempts = alarm.hits
     alarm.armed = False
     assert row["state"] == "error", row
-    from te_offload_shim._firing import ATTEMPTS  # loaded by now
+    from te_offload_shim._post_import import ATTEMPTS  # loaded by now
 
     assert f"given up after {ATTEMPTS} attempts" in row["detail"], row
     assert attempts <= 2 * ATTEMPTS, "each attempt: the callback's import, and the report's"

@@ -331,23 +331,23 @@ def test_uninstall_does_not_break_an_import_in_flight_on_another_thread(tmp_path
 
 
 @pytest.mark.subprocess(fresh=True)
-def test_firing_loads_by_hand_and_imports_nothing_new() -> None:
-    """Scenario 16: `_firing` (the hook's second half) may load inside find_spec: it must come in
+def test_post_import_loads_by_hand_and_imports_nothing_new() -> None:
+    """Scenario 16: `_post_import` (the hook's second half) may load inside find_spec: it must come in
     without an import statement, and bring no module the interpreter had not loaded already."""
     import te_offload_shim as shim
 
-    assert "te_offload_shim._firing" not in sys.modules, "start-up must not load the second half"
+    assert "te_offload_shim._post_import" not in sys.modules, "start-up must not load the second half"
     before = set(sys.modules)
-    firing = shim._load_firing()
-    assert set(sys.modules) - before == {"te_offload_shim._firing"}
-    assert shim._load_firing() is firing is sys.modules["te_offload_shim._firing"]
+    firing = shim._load_post_import()
+    assert set(sys.modules) - before == {"te_offload_shim._post_import"}
+    assert shim._load_post_import() is firing is sys.modules["te_offload_shim._post_import"]
 
 
 @pytest.mark.subprocess(fresh=True)
-def test_a_watched_import_does_not_wait_for_a_thread_importing_firing(tmp_path: Path) -> None:
+def test_a_watched_import_does_not_wait_for_a_thread_importing_post_import(tmp_path: Path) -> None:
     """Scenario 16: the deadlock an import statement inside find_spec would risk: another thread holds
-    `_firing`'s module lock (it is importing it) while this one, inside find_spec under the import
-    system's global lock, needs `_firing`. Loaded by hand, it needs no module lock."""
+    `_post_import`'s module lock (it is importing it) while this one, inside find_spec under the import
+    system's global lock, needs `_post_import`. Loaded by hand, it needs no module lock."""
     import threading
     from importlib import _bootstrap  # type: ignore[attr-defined]
 
@@ -360,7 +360,7 @@ def test_a_watched_import_does_not_wait_for_a_thread_importing_firing(tmp_path: 
     holding, release = threading.Event(), threading.Event()
 
     def hold_the_module_lock() -> None:
-        with _bootstrap._ModuleLockManager("te_offload_shim._firing"):  # type: ignore[attr-defined]  # CPython internal
+        with _bootstrap._ModuleLockManager("te_offload_shim._post_import"):  # type: ignore[attr-defined]  # CPython internal
             holding.set()
             release.wait(30)
 
@@ -373,13 +373,13 @@ def test_a_watched_import_does_not_wait_for_a_thread_importing_firing(tmp_path: 
     finished = not importer.is_alive()
     release.set()
     holder.join(10)
-    assert finished, "importing a watched module waited for the thread holding _firing's module lock"
+    assert finished, "importing a watched module waited for the thread holding _post_import's module lock"
     assert [m.__name__ for m in calls] == ["firing_race_target"]
 
 
 @pytest.mark.subprocess(fresh=True, env={"TE_OFFLOAD_SHIM": "0"})
 def test_a_hook_half_that_cannot_load_fails_no_import_and_no_install(tmp_path: Path) -> None:
-    """Scenario 16: a broken install, where `_firing` raises as it loads. `install()` and every
+    """Scenario 16: a broken install, where `_post_import` raises as it loads. `install()` and every
     import still work (the targets run unpatched), and status's hook errors say why."""
     import os
 
@@ -390,7 +390,7 @@ def test_a_hook_half_that_cannot_load_fails_no_import_and_no_install(tmp_path: P
     assert not shim.installed()
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "_firing.py").write_text("raise RuntimeError('broken install')\n")
+    (broken / "_post_import.py").write_text("raise RuntimeError('broken install')\n")
     write_module(tmp_path, "early_target", "def offload(models):\n    return 'early'\n")
     write_module(tmp_path, "late_target", "def offload(models):\n    return 'late'\n")
     early = importlib.import_module("early_target")

@@ -83,3 +83,41 @@ def test_a_user_target_whose_spec_finds_nothing_never_silences_a_table_target(
     assert shim.stats()["by_target"]["megatron-core"]["entries"] == entries
     said = [r.getMessage() for r in caplog.records if "finds nothing" in r.getMessage()]
     assert len(said) == 1 and "'self.model'" in said[0] and "Worker has no attribute 'model'" in said[0], said
+
+
+_TRAINER = """\
+class Trainer:
+    def __init__(self, actor, ref):
+        self.actor = actor
+        self.ref = ref
+
+    def sleep(self):  # offloads both models, each through megatron-core's buffer offload
+        for chunks in (self.actor, self.ref):
+            for chunk in chunks:
+                for buffer in chunk.buffers:
+                    buffer.offload_to_cpu()
+"""
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "two_models:Trainer.sleep@self.actor"}, timeout=240)
+def test_an_outer_wrapper_covers_only_the_chunks_it_cleared(tmp_path: Path) -> None:
+    """A user target whose spec names one of the two models its method offloads: the table target
+    inside still clears the other one (it was silenced for every chunk)."""
+    import te_offload_shim as shim
+    from harness import megatron_world as w
+
+    write_module(tmp_path, "two_models", _TRAINER)
+    import two_models  # type: ignore[import-not-found]
+
+    def ddp() -> object:
+        model = w.wrap_ddp(w.build_gpt(layers=1, hidden=16, vocab=32))
+        w.attach_fp8_caches(model)
+        return model
+
+    actor, ref = [ddp()], [ddp()]
+    in_ref = w.cache_state(ref)["entries"]
+    two_models.Trainer(actor, ref).sleep()
+    assert w.cache_state(actor)["entries"] == 0, "the user's target cleared the model its spec names"
+    assert w.cache_state(ref)["entries"] == 0 < in_ref, "megatron-core's buffer offload cleared the other"
+    by_target = {k: (v["calls"], v["entries"]) for k, v in shim.stats()["by_target"].items()}
+    assert by_target["megatron-core"] == (1, in_ref), "once: the actor's buffer was covered by the outer clearing"

@@ -9,10 +9,11 @@ every wrapped offload walks the model: the factory must never run, in `residue()
 from __future__ import annotations
 
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_util import cached_layer, use_targets
+from hostile_util import cached_layer, load_lazily, use_targets, write_module
 
 
 def _model_with_lazy_services(made: list[str]) -> object:
@@ -59,3 +60,31 @@ def test_residue_never_runs_a_lazy_proxys_factory() -> None:
     assert made == [], "residue() ran the factory of a lazy proxy the model holds"
     assert report.errors == [], report.errors
     assert report.other == {"weight_copy": 8 * 4}, report.other
+
+
+@pytest.mark.subprocess()
+def test_the_residue_walk_reads_only_types(tmp_path: Path) -> None:
+    import builtins
+
+    import torch
+
+    import te_offload_shim as shim
+
+    write_module(tmp_path, "referred_lazily", "import builtins\nbuiltins.REFERRED_LAZILY_RAN = True\n")
+    lazy = load_lazily("referred_lazily")
+
+    class Unconfigured:
+        @property  # type: ignore[misc]  # deliberately: a __class__ that raises, as Django's LazyObject's
+        def __class__(self) -> type:
+            raise RuntimeError("settings are not configured")
+
+    layer = torch.nn.Linear(4, 4)
+    layer.__dict__["helpers"] = lazy  # a module kept on a layer (a kernel library, lazily imported)
+    layer.__dict__["nested"] = {"helpers": lazy}
+    layer.__dict__["settings"] = Unconfigured()
+    layer.__dict__["weight_copy"] = torch.ones(8)  # a tensor outside parameters and buffers: "other"
+    report = shim.residue([layer], device_type="cpu")
+    assert not hasattr(builtins, "REFERRED_LAZILY_RAN"), "the report executed a module the application did not"
+    assert report.errors == [], report.errors
+    assert report.by_category["parameters"] == (16 + 4) * 4
+    assert report.by_category["other"] == 8 * 4, "the attributes after the odd one were walked"

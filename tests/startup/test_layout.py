@@ -136,7 +136,7 @@ MUTATORS = {"pop", "clear", "update", "setdefault", "add", "discard", "remove", 
 
 
 def test_only_the_start_up_module_writes_the_watchers_fields() -> None:
-    """The watcher owns its state (issue 30): `_firing` and the rest change it through its methods.
+    """The watcher owns its state (issue 30): `_post_import` and the rest change it through its methods.
     A write is an assignment to `_watcher.FIELD` (or an item of it), or a mutating call on it."""
     fields = _watcher_fields()
     assert {"fired", "failures", "firing", "generation", "callbacks"} <= fields, fields

@@ -1,4 +1,4 @@
-"""The post-import watcher (`_Watcher` in te_offload_shim/__init__.py, and te_offload_shim/_firing.py),
+"""The post-import watcher (`_Watcher` in te_offload_shim/__init__.py, and te_offload_shim/_post_import.py),
 in this process.
 
 Each test writes its own modules, under names no other test uses, to a temporary directory, and
@@ -20,7 +20,7 @@ from types import ModuleType
 import pytest
 
 import te_offload_shim
-from te_offload_shim import _firing
+from te_offload_shim import _post_import
 
 watcher = te_offload_shim._watcher
 
@@ -47,13 +47,13 @@ def modules(tmp_path: Path) -> Iterator[Modules]:
     saved_fired = dict(watcher.fired)
     saved_handler = watcher.on_error
     saved_meta_path = list(sys.meta_path)
-    _firing.unwatch_all()
+    _post_import.unwatch_all()
     sys.path.insert(0, str(tmp_path))
     made = Modules(tmp_path)
     try:
         yield made
     finally:
-        _firing.unwatch_all()
+        _post_import.unwatch_all()
         sys.path.remove(str(tmp_path))
         for name in [n for n in sys.modules if n.startswith(made.prefix)]:
             del sys.modules[name]
@@ -87,7 +87,7 @@ def test_fires_after_the_module_body_once_with_the_real_loader_back(modules: Mod
     assert module.__spec__ is not None and type(module.__spec__.loader) is importlib.machinery.SourceFileLoader
 
     importlib.import_module(name)  # already imported: no new import, no new call
-    _firing.sweep()
+    _post_import.sweep()
     assert len(calls) == 1, "the callbacks run once per module object"
 
 
@@ -97,7 +97,7 @@ def test_watching_an_imported_module_fires_at_once(modules: Modules) -> None:
     calls: list = []
     watcher.watch(recorder(calls), name)
     assert calls == [(module, True)]
-    _firing.sweep()
+    _post_import.sweep()
     assert len(calls) == 1
 
 
@@ -106,7 +106,7 @@ def test_the_finder_answers_only_for_watched_names(modules: Modules) -> None:
     other = modules.write("other", "DONE = 1\n")
     watcher.watch(recorder([]), watched)
     spec = watcher.find_spec(watched)
-    assert spec is not None and isinstance(spec.loader, _firing.ChainedLoader)
+    assert spec is not None and isinstance(spec.loader, _post_import.ChainedLoader)
     assert watcher.find_spec(other) is None
     assert watcher.find_spec(f"{modules.prefix}_nowhere") is None, "a watched name nobody can find"
 
@@ -128,10 +128,10 @@ def test_unwatch_all_takes_the_finder_off_and_stops_firing(modules: Modules) -> 
     name = modules.write("dropped", "DONE = 1\n")
     calls: list = []
     watcher.watch(recorder(calls), name)
-    _firing.unwatch_all()
+    _post_import.unwatch_all()
     assert watcher not in sys.meta_path
     importlib.import_module(name)
-    _firing.sweep()
+    _post_import.sweep()
     assert calls == []
 
 
@@ -151,9 +151,9 @@ def test_catch_up_fires_a_module_loaded_without_the_finder(modules: Modules) -> 
     watcher.watch(recorder(calls), name)
     module = _load_behind_its_back(modules, name)
     assert calls == []
-    _firing.sweep()
+    _post_import.sweep()
     assert calls == [(module, "loaded behind our back")]
-    _firing.sweep()
+    _post_import.sweep()
     assert len(calls) == 1
 
 
@@ -183,9 +183,9 @@ def test_an_import_in_flight_is_fired_when_it_finishes(modules: Modules) -> None
         name = modules.write(
             "inflight",
             "import sys\n"
-            "import te_offload_shim\nfrom te_offload_shim import _firing\n"
+            "import te_offload_shim\nfrom te_offload_shim import _post_import\n"
             "te_offload_shim._watcher.watch(sys.modules['watch_probe_hook'].callback, __name__)\n"
-            "TAGGED = type(__spec__) is _firing.SpecWatch\n"
+            "TAGGED = type(__spec__) is _post_import.SpecWatch\n"
             "FIRED_EARLY = bool(sys.modules['watch_probe_hook'].calls)\n"
             "DONE = 'end of body'\n",
         )
@@ -207,7 +207,7 @@ def test_a_failed_import_in_flight_fires_nothing(modules: Modules) -> None:
         name = modules.write(
             "fails",
             "import sys\n"
-            "import te_offload_shim\nfrom te_offload_shim import _firing\n"
+            "import te_offload_shim\nfrom te_offload_shim import _post_import\n"
             "te_offload_shim._watcher.watch(sys.modules['watch_probe_hook2'].callback, __name__)\n"
             "raise RuntimeError('the body fails')\n",
         )
@@ -215,7 +215,7 @@ def test_a_failed_import_in_flight_fires_nothing(modules: Modules) -> None:
             importlib.import_module(name)
     finally:
         del sys.modules["watch_probe_hook2"]
-    _firing.sweep()
+    _post_import.sweep()
     assert calls == [] and name not in sys.modules
 
 
@@ -260,7 +260,7 @@ def test_a_callback_that_imports_a_watched_module_does_not_nest(modules: Modules
     watcher.watch(on_inner, inner)
     importlib.import_module(outer)
     assert order == ["outer start", "outer end", "inner saw inner"]
-    _firing.sweep()
+    _post_import.sweep()
     assert len(order) == 3, "and only once"
 
 

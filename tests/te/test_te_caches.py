@@ -370,7 +370,7 @@ def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
     report.primary_weight_bytes, report.primary_weight_params = 4096, 2
     _offload.reset_stats()
     try:
-        _offload._record(SimpleNamespace(name="user", path="mod:offload"), report)  # type: ignore[arg-type]
+        _offload._count_clearing(SimpleNamespace(name="user", path="mod:offload"), report)  # type: ignore[arg-type]
         assert _offload.totals()["primary_weight_bytes"] == 4096
     finally:
         _offload.reset_stats()

@@ -13,7 +13,7 @@ it the module's spec (`attach`): the spec's loader is chained, or the spec is ta
 - The watcher's lock is never held while a callback runs.
 
 This module can load inside the finder's `find_spec`, where the import system holds its global
-lock. So the package loads it by hand (`_load_firing`), never by an import statement, and its body
+lock. So the package loads it by hand (`_load_post_import`), never by an import statement, and its body
 imports only what every interpreter has loaded before it runs, like the package's `__init__`
 (annotations are quoted for the same reason).
 """
@@ -243,7 +243,7 @@ def _from_signal_handler(exc: BaseException) -> bool:
     """Whether `exc` is the application's own, raised by its signal handler while a callback ran:
     it goes on to the application instead of being taken for the callback's failure."""
     try:  # loaded as this module is (by hand), an import here being what may have been interrupted
-        signals = _shim._load_firing("te_offload_shim._signals")
+        signals = _shim._load_post_import("te_offload_shim._signals")
     except Exception:  # a broken install: a failure of the callback, as before
         return False
     return bool(signals.raised_by_signal_handler(exc))

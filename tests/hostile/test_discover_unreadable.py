@@ -1,0 +1,113 @@
+"""`discover`: one file or distribution it cannot read costs only itself, and it never waits.
+
+- A tree with one file it cannot parse (a 3,000-term sum) reports the others.
+- Over the installed distributions, one with a malformed RECORD (an empty line, written by hand or
+  by a broken installer) costs only itself.
+- A named pipe called x.py in the tree is no file to read: it is skipped, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+_OFFLOAD = """\
+import torch
+from megatron.core import parallel_state
+
+
+def offload_{name}(models):
+    {body}
+    for chunk in models:
+        for buffer in chunk.buffers:
+            buffer.offload_to_cpu()
+    torch.cuda.empty_cache()
+"""
+
+
+_MEGATRON_OFFLOAD = """\
+import megatron
+
+
+def offload_megatron_model_to_cpu(models):
+    for buffer in models.buffers:
+        buffer.offload_to_cpu()
+    torch.cuda.empty_cache()
+"""
+
+
+def _distribution(site: Path, name: str, record: str) -> None:
+    """A distribution `name` installed in `site`: one module, `name`.py, and its RECORD."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "RECORD").write_text(record)
+    (site / f"{name}.py").write_text(_MEGATRON_OFFLOAD)
+
+
+@pytest.mark.subprocess()
+def test_discover_skips_only_the_file_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from te_offload_shim import cli
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    sum_of = " + ".join
+    # parses, but is deeper than a recursive walk of the syntax tree can go
+    (tree / "deep_function.py").write_text(_OFFLOAD.format(name="deep", body="x = " + sum_of(["1"] * 600)))
+    # does not even build: ast raises RecursionError
+    (tree / "deep_module.py").write_text(_OFFLOAD.format(name="lost", body="pass") + "x = " + sum_of(["1"] * 3000))
+    (tree / "plain.py").write_text(_OFFLOAD.format(name="plain", body="pass"))
+
+    assert cli.main(["discover", str(tree)]) == 0
+    out, err = capsys.readouterr()
+    assert "deep_function:offload_deep" in out and "plain:offload_plain" in out, out
+    assert "offload_lost" not in out and "deep_module" not in err, (out, err)
+    assert (
+        out.splitlines()[-1] == "TE_OFFLOAD_SHIM_TARGETS=deep_function:offload_deep@models,plain:offload_plain@models"
+    ), out
+
+    assert cli.main(["discover", "-v", str(tree)]) == 0
+    out, err = capsys.readouterr()
+    skipped = [line for line in err.splitlines() if "deep_module.py" in line]
+    assert len(skipped) == 1 and "RecursionError" in skipped[0] and "skipped" in skipped[0], err
+
+
+@pytest.mark.subprocess()
+def test_discover_skips_a_distribution_whose_record_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    from te_offload_shim import cli
+
+    site = tmp_path / "site"
+    _distribution(site, "broken_record", "broken_record.py,,\n\n,,\n")  # an empty line: importlib raises TypeError
+    _distribution(site, "good_record", "good_record.py,,\n")
+    saved = list(sys.path)
+    sys.path[:] = [str(site)]  # the only distributions this interpreter sees now
+    try:
+        assert cli.main(["discover", "-v"]) == 0
+    finally:
+        sys.path[:] = saved
+    out, err = capsys.readouterr()
+    assert "good_record:offload_megatron_model_to_cpu" in out, out
+    skipped = [line for line in err.splitlines() if "broken_record" in line]
+    assert len(skipped) == 1 and "skipped" in skipped[0] and "TypeError" in skipped[0], err
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")
+@pytest.mark.subprocess(timeout=60)
+def test_discover_does_not_wait_on_a_named_pipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A named pipe called x.py in the tree (a tool's socket, a test fixture) blocked the read for good."""
+    from te_offload_shim import cli
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    os.mkfifo(tree / "pipe.py")
+    (tree / "plain.py").write_text(_MEGATRON_OFFLOAD)
+    assert cli.main(["discover", "-v", str(tree)]) == 0
+    out, err = capsys.readouterr()
+    assert "plain:offload_megatron_model_to_cpu" in out, out
+    assert "pipe.py: OSError: not a regular file" in err, err
