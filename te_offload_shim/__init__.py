@@ -14,10 +14,14 @@ defined in `te_offload_shim.api` and exported here.
 # here, and everything else is imported when a target module is, or when asked for: the API
 # (`api`), the table, the engine, TE's layouts, wrapt. `_switches` joins only when a
 # TE_OFFLOAD_SHIM* variable is set. The same budget explains the habits of this file: what
-# explains the code is a comment, not a docstring (docstrings are loaded at every start); names
-# that exist only for type checkers are quoted in annotations (`typing` costs milliseconds and
-# `from __future__` imports a module); and what most processes never run (chaining a loader,
-# running callbacks, uninstall, the reports) lives in modules loaded on first use.
+# explains the code is a comment, not a docstring (docstrings are loaded at every start); the
+# private functions' types are type comments, which mypy reads and start-up does not (annotations
+# are built at each `def`, some 1k instructions each; the public functions keep theirs), and names
+# that exist only for type checkers are quoted (`typing` costs milliseconds and `from __future__`
+# imports a module); every `def` (and, up to 3.11, comprehension) is a code object to unmarshal at
+# each start, so the rarely run code (fork, reload) loops rather than comprehends; and what most
+# processes never run (chaining a loader, running callbacks, uninstall, the reports) lives in
+# modules loaded on first use.
 
 import _frozen_importlib as _bootstrap  # importlib._bootstrap, loaded in every interpreter (even under -S)
 import _frozen_importlib_external as _bootstrap_external
@@ -171,12 +175,12 @@ def installed() -> bool:
     return _installed
 
 
-def _state() -> "tuple[bool, tuple[Target, ...], list[str], list[str]]":
+def _state():  # type: () -> tuple[bool, tuple[Target, ...], list[str], list[str]]
     # For api.py: (installed, user targets, ignored TE_OFFLOAD_SHIM_TARGETS entries, hook errors).
     return _installed, _user_targets, list(_problems), list(_hook_errors)
 
 
-def _uninstall(restore: "Callable[[BaseException | None], int]") -> int:
+def _uninstall(restore):  # type: (Callable[[BaseException | None], int]) -> int
     # The state half of api.uninstall(), under the install lock: the flag first (engine.registry
     # reads installed() under its own lock, so a patch in flight lands before and is undone, or does
     # not land), then the watcher; `restore(error of unwatching, or None)` last, under the lock still.
@@ -191,7 +195,7 @@ def _uninstall(restore: "Callable[[BaseException | None], int]") -> int:
         return restore(error)
 
 
-def _any_switch_set() -> bool:
+def _any_switch_set():  # type: () -> bool
     # Iterating os.environ decodes every name (about 1 us each, and a cluster job sets hundreds);
     # CPython's os.environ keeps the encoded names in `_data`, which is scanned as it is.
     names = getattr(os.environ, "_data", None)
@@ -205,13 +209,13 @@ def _any_switch_set() -> bool:
     return False
 
 
-def _on_import(module: "ModuleType") -> None:
+def _on_import(module):  # type: (ModuleType) -> None
     spec = getattr(module, "__spec__", None)
     name = spec.name if spec is not None else module.__name__
     _resolve(_watched.get(name, _PATCH_TARGETS))(module)
 
 
-def _resolve(spec: str) -> "Any":
+def _resolve(spec):  # type: (str) -> Any
     # `module:function` of ours, imported now (never inside find_spec: callbacks run after the body).
     name, _, function = spec.partition(":")
     __import__(name)
@@ -251,7 +255,11 @@ def __getattr__(name: str) -> object:
 def __dir__() -> "list[str]":
     # What a user may rely on (`__all__`, the names docs/api.md describes) and the dunders every
     # module has; the tables, the imported modules and `TYPE_CHECKING` stay reachable, unlisted.
-    return sorted({*__all__, *(name for name in globals() if name[:2] == name[-2:] == "__")})
+    names = set(__all__)
+    for name in globals():
+        if name[:2] == name[-2:] == "__":
+            names.add(name)
+    return sorted(names)
 
 
 # --- the post-import hook, the half that notices -------------------------------------------------
@@ -285,7 +293,7 @@ _POST_IMPORT = "te_offload_shim._post_import"
 
 
 class _Watcher:
-    def __init__(self) -> None:
+    def __init__(self):  # type: () -> None
         self.callbacks: dict[str, tuple[Callback, ...]] = {}  # replaced, never edited in place
         self.fired: dict[str, Any] = {}  # name -> weak reference to the module object its callbacks ran for
         # Never held while a callback runs or anything imports. Not a `_locks.Lock` (a module more
@@ -301,7 +309,7 @@ class _Watcher:
         self.failures: dict[str, Any] = {}  # name -> `_post_import.Failure`: callbacks that raised, to run again
         self.generation = 0  # imports begun (find_spec calls while watching): a retry waits for the next
 
-    def watch(self, callback: "Callback", *names: str) -> None:
+    def watch(self, callback, *names):  # type: (Callback, *str) -> None
         # `callback(module)` after each name is imported; at once for one already imported (or when
         # its import finishes, if it is running now). Never waits.
         alone = (callback,)  # one tuple shared by every name that has only this callback
@@ -318,7 +326,7 @@ class _Watcher:
                 if firing is not None:
                     firing.arrived(name, callback)
 
-    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
+    def find_spec(self, fullname, path=None, target=None):  # type: (str, Any, Any) -> Any
         if not self.callbacks:
             return None
         self.generation += 1
@@ -347,18 +355,17 @@ class _Watcher:
                 _failed(fullname, exc)
         return spec
 
-    def _to_front(self) -> None:
-        # Under self.lock. A new list, not an edit: an import on another thread may be iterating it.
-        meta_path: list[Any] = [self]
-        for finder in sys.meta_path:
-            if finder is not self:
-                meta_path.append(finder)
-        sys.meta_path = meta_path
+    def _to_front(self):  # type: () -> None
+        # Under self.lock.
+        sys.meta_path = [self, *_meta_path_without(self)]
 
-    def loaded_unseen(self) -> "list[tuple[str, ModuleType]]":
+    def loaded_unseen(self, occasion=False):  # type: (bool) -> list[tuple[str, ModuleType]]
         # Watched modules loaded without our loader seeing them. One still executing gets its spec
         # tagged (its callbacks run when it finishes); the finished ones are returned, for
-        # `_post_import.sweep` to fire (never from inside find_spec).
+        # `_post_import.sweep` to fire (never from inside find_spec). An `occasion` (`status()`) counts
+        # as an import begun: callbacks that raised are due again.
+        if occasion:
+            self.generation += 1
         found = []
         for name in list(self.callbacks):
             module = sys.modules.get(name)
@@ -375,12 +382,14 @@ class _Watcher:
                 found.append((name, module))
         return found
 
-    def fired_for(self, name: str, module: object) -> bool:
+    def fired_for(self, name, module):  # type: (str, object) -> bool
         return _same(self.fired, name, module)
 
-    # What `_post_import` does to the watcher's state, each as one method: the state has one owner.
+    # What `_post_import` does to the watcher's state, each as one method: the state has one owner. As
+    # few as the steps of a firing need (each `def` costs start-up time here, about 4k instructions
+    # to unmarshal and make), so no setter of one field each.
 
-    def mark_fired(self, name: str, module: object) -> None:
+    def mark_fired(self, name, module):  # type: (str, object) -> None
         # `name`'s callbacks run (or ran) for this very module object; a module type without weak
         # references is remembered as nothing, and fires anyway.
         try:
@@ -388,40 +397,46 @@ class _Watcher:
         except TypeError:
             self.fired.pop(name, None)
 
-    def due_again(self, name: str) -> None:
-        # Its callbacks run again for the module now in sys.modules (`loaded_unseen` hands it on).
-        self.fired.pop(name, None)
-
-    def begin_firing(self, name: str) -> int:
+    def begin_firing(self, name):  # type: (str) -> int
         thread = _thread.get_ident()
         self.firing[thread] = name
         return thread
 
-    def end_firing(self, thread: int) -> None:
+    def end_firing(self, thread, name):  # type: (int, str) -> Any
+        # The firing on `thread` is over; the failure it was the retry of is handed back, taken (what
+        # the callbacks did this time replaces it: `note_failure`, or nothing).
         self.firing.pop(thread, None)
-
-    def note_failure(self, name: str, failure: "Any") -> None:
-        self.failures[name] = failure
-
-    def take_failure(self, name: str) -> "Any":
         return self.failures.pop(name, None)
 
-    def new_occasion(self) -> None:
-        self.generation += 1
+    def note_failure(self, name, failure, again):  # type: (str, Any, bool) -> None
+        # Callbacks of `name` raised: `failure` runs them again, at a later sweep if `again` (the
+        # module counts as not fired: `loaded_unseen` hands it on).
+        if again:
+            self.fired.pop(name, None)
+        self.failures[name] = failure
 
-    def stop(self) -> None:
+    def stop(self):  # type: () -> None
         # No callbacks, nothing remembered, off the meta path (replaced, not edited: see above).
         with self.lock:
             self.callbacks, self.fired, self.failures = {}, {}, {}
-            sys.meta_path = [f for f in sys.meta_path if f is not self]
+            sys.meta_path = _meta_path_without(self)
 
 
-def _same(refs: "dict[str, Any]", name: str, module: object) -> bool:
+def _meta_path_without(finder):  # type: (object) -> list[Any]
+    # A new list, not an edit of sys.meta_path: an import on another thread may be iterating it.
+    meta_path = []
+    for other in sys.meta_path:
+        if other is not finder:
+            meta_path.append(other)
+    return meta_path
+
+
+def _same(refs, name, module):  # type: (dict[str, Any], str, object) -> bool
     ref = refs.get(name)
     return ref is not None and ref() is module
 
 
-def _module_namespace(module: object) -> "dict[str, Any] | None":
+def _module_namespace(module):  # type: (object) -> dict[str, Any] | None
     # A loaded module's namespace, read without running any of its code. A module loaded with
     # `importlib.util.LazyLoader` executes on its first attribute access, and `__dict__` is an
     # attribute: reading it through the module would import something the application never
@@ -435,7 +450,7 @@ def _module_namespace(module: object) -> "dict[str, Any] | None":
     return d if type(d) is dict else None
 
 
-def _module_state(module: object) -> "tuple[dict | None, bool]":
+def _module_state(module):  # type: (object) -> tuple[dict | None, bool]
     # (namespace, still executing) of a module in sys.modules, read without running its code.
     d = _module_namespace(module)
     if d is None:
@@ -446,7 +461,7 @@ def _module_state(module: object) -> "tuple[dict | None, bool]":
         return None, False
 
 
-def _post_import_or_none(name: str) -> "Any":
+def _post_import_or_none(name):  # type: (str) -> Any
     # `_post_import` for the watcher's own use, or None where it cannot load (a broken install): `name`
     # then loads unwatched, and status() says why. Nothing raises into an import or install().
     try:
@@ -456,14 +471,14 @@ def _post_import_or_none(name: str) -> "Any":
         return None
 
 
-def _failed(name: str, exc: BaseException) -> None:
+def _failed(name, exc):  # type: (str, BaseException) -> None
     # Recorded for status() only: this can run inside find_spec, where logging may not be imported.
     error = f"{name}: {type(exc).__name__}: {exc}"
     if error not in _hook_errors:
         _hook_errors.append(error)
 
 
-def _load_post_import(name: str = _POST_IMPORT) -> "Any":
+def _load_post_import(name=_POST_IMPORT):  # type: (str) -> Any
     # `_post_import` (or a ground module it needs, standard library only), loaded without an import
     # statement, which would take its module lock (see above), nor the meta path. Two threads
     # racing here outside find_spec may each build one; the first in sys.modules is kept, and the
@@ -482,20 +497,23 @@ def _load_post_import(name: str = _POST_IMPORT) -> "Any":
 _watcher = _Watcher()
 
 
-def _take_over(old: "_Watcher", old_callback: object) -> None:
+def _take_over(old, old_callback):  # type: (_Watcher, object) -> None
     # On a reload: this watcher takes over all the old one knew (its callbacks pointing at this
     # module's `_on_import`), the old one goes inert (no callbacks: its find_spec answers nothing)
     # and off the meta path, and `_post_import` is built again, for this watcher, at its next use.
     with old.lock:
-        _watcher.callbacks = {
-            name: tuple(_on_import if c is old_callback else c for c in callbacks)
-            for name, callbacks in old.callbacks.items()
-        }
+        callbacks = {}
+        for name, theirs in old.callbacks.items():
+            ours: tuple[Any, ...] = ()
+            for callback in theirs:
+                ours += (_on_import if callback is old_callback else callback,)
+            callbacks[name] = ours
+        _watcher.callbacks = callbacks
         for name in ("fired", "firing", "searching", "cut_short", "failures", "generation", "on_error"):
             setattr(_watcher, name, getattr(old, name, getattr(_watcher, name)))
         old.callbacks = {}
     sys.modules.pop(_POST_IMPORT, None)
-    sys.meta_path = [finder for finder in sys.meta_path if finder is not old]
+    sys.meta_path = _meta_path_without(old)
     if _watcher.callbacks:
         with _watcher.lock:
             _watcher._to_front()
@@ -506,7 +524,7 @@ if _reloading:
 del _kept
 
 
-def _after_fork_in_child() -> None:
+def _after_fork_in_child():  # type: () -> None
     # Only the forking thread lives on in the child, and the child's next new thread may get the id
     # of one that does not (glibc reuses the thread's stack, and its id with it): the watcher's
     # per-thread state of the others would make that thread's imports look like nested callbacks.
@@ -516,13 +534,18 @@ def _after_fork_in_child() -> None:
     watcher = _watcher
     watcher.lock = _thread.RLock()
     me = _thread.get_ident()
-    gone = {t: n for t, n in watcher.firing.items() if t != me}
+    gone = dict(watcher.firing)
+    mine = gone.pop(me, None)
     for name in gone.values():
         ref = watcher.fired.pop(name, None)
         if ref is not None:
             watcher.cut_short[name] = ref
-    watcher.firing = {t: n for t, n in watcher.firing.items() if t == me}
-    watcher.searching = {key for key in watcher.searching if key[0] == me}
+    watcher.firing = {} if mine is None else {me: mine}
+    searching = set()
+    for key in watcher.searching:
+        if key[0] == me:
+            searching.add(key)
+    watcher.searching = searching
     # Imports in flight at the fork: the import system copies their module locks as they are, held
     # by threads gone with it. `_post_import` frees those of the shim's own (`free_imports_cut_short`).
     if getattr(_bootstrap, "_module_locks", None):

@@ -212,9 +212,7 @@ def sweep(retry: bool = True, occasion: bool = False) -> None:
     """Fire every watched module that finished loading without our loader seeing it (`status()`
     calls it too, as a new `occasion`), and retry callbacks that raised, if an import began since
     (`retry`)."""
-    if occasion:
-        _watcher.new_occasion()
-    for name, module in _watcher.loaded_unseen():
+    for name, module in _watcher.loaded_unseen(occasion):
         if not (_due(name) if retry else name not in _watcher.failures):
             continue
         try:
@@ -311,8 +309,7 @@ def _run(name: str, module: "ModuleType", callbacks: "tuple[Callback, ...]") -> 
         failed += [(c, exc) for c in callbacks[ran[0] :]]
         raise
     finally:
-        _watcher.end_firing(thread)
-        _settle(name, module, failed)
+        _settle(name, module, failed, _watcher.end_firing(thread, name))
     sweep(retry=False)  # what came due meanwhile
 
 
@@ -334,9 +331,8 @@ def _call_each(
         ran[0] += 1
 
 
-def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseException]]") -> None:
-    # Runs in a `finally`: never raises.
-    earlier = _watcher.take_failure(name)
+def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseException]]", earlier: "Any") -> None:
+    # Runs in a `finally`: never raises. `earlier`: the failure this firing was the retry of, or None.
     if not failed:
         return
     attempts = earlier.attempts + 1 if earlier is not None and earlier.module() is module else 1
@@ -345,9 +341,7 @@ def _settle(name: str, module: "ModuleType", failed: "list[tuple[Callback, BaseE
     except TypeError:
         ref = lambda: module  # noqa: E731  (a module type without weak references)
     failure = Failure(_describe(failed[-1][1]), attempts, tuple(c for c, _ in failed), ref)
-    if failure.retried and _watcher.fired_for(name, module):
-        _watcher.due_again(name)  # loaded_unseen() hands it to a later sweep
-    _watcher.note_failure(name, failure)
+    _watcher.note_failure(name, failure, failure.retried and _watcher.fired_for(name, module))
 
 
 def free_imports_cut_short(me: int, gone: "dict[int, str]") -> None:
