@@ -114,17 +114,11 @@ def _net_lines() -> list[str]:
 
 def _fork_copy() -> object:
     """verl's own file, imported under another module name: a fork's copy of the function."""
-    import importlib.util
-
     import verl
 
-    path = Path(verl.__file__).parent / "utils" / "megatron_utils.py"
-    spec = importlib.util.spec_from_file_location(FORK, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[FORK] = module
-    spec.loader.exec_module(module)
-    return module
+    from harness.fork_copy import load_as
+
+    return load_as(Path(verl.__file__).parent / "utils" / "megatron_utils.py", FORK)
 
 
 def _twin_case(mode: str, shim: bool, layers: int, hidden: int, te: str) -> dict:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import logging
 import sys
 from collections.abc import Callable, Iterator
@@ -49,16 +48,6 @@ ENTRIES = LAYERS * LINEARS_PER_LAYER
 FORK = "forks.verl_megatron_utils"  # the module name verl 0.8.0's file is loaded under
 NO_ROWS = {"TE_OFFLOAD_SHIM_DISABLE": "*", "TE_OFFLOAD_SHIM_STRICT": "1"}
 twin = pytest.mark.subprocess(verl=VERL, env=NO_ROWS, timeout=300)
-
-
-def _load_as(path: Path, name: str) -> ModuleType:
-    """`path` imported as module `name` (its own imports resolved as usual): a fork's copy."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 _WATCHED: list[Any] = []  # the model chunks whose caches the flush recorder counts
@@ -129,7 +118,9 @@ def _offloads() -> list[tuple[str, Callable[[Any], None], Callable[[Any], None]]
     from areal.engine.weight_update.awex.megatron import MegatronColocateBackend
     from forks import skyrl_megatron_utils as skyrl
 
-    fork = sys.modules.get(FORK) or _load_as(REPO / ".deps" / f"verl-{VERL}" / "verl/utils/megatron_utils.py", FORK)
+    from harness.fork_copy import load_as
+
+    fork = sys.modules.get(FORK) or load_as(REPO / ".deps" / f"verl-{VERL}" / "verl/utils/megatron_utils.py", FORK)
     backends: dict[int, Any] = {}
 
     def areal(ddp: Any) -> Any:
