@@ -23,7 +23,7 @@ one that cannot be read is on. Not knowing means "on": the net then clears nothi
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 DEVICE_TYPE = "cuda"  # the device type whose tensors count as "on the device"
@@ -90,6 +90,7 @@ class Probe(Protocol):
 
 class _Held:
     __slots__ = ("layer", "probe")
+    probe: str | None
 
     def __init__(self, layer: Any) -> None:
         self.layer, self.probe = layer, None
@@ -106,7 +107,7 @@ def offloaded(layers: Iterable[Any], is_device: str | None = None) -> list[Any]:
     return offloaded_entries([_Held(layer) for layer in layers], is_device)
 
 
-def offloaded_entries(entries: list[Probe], is_device: str | None = None) -> list[Any]:
+def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) -> list[Any]:
     """The layers of `entries` (weak references with a probe, te/layers.py) whose weights have all
     left the device (`left_device`).
 
@@ -121,7 +122,7 @@ def offloaded_entries(entries: list[Probe], is_device: str | None = None) -> lis
     megatron-core's buffer offload leaves keep their sizes (and `data_ptr()` their offsets) with a
     zero-byte storage under them."""
     is_device = is_device or flag()
-    parameter = _plain_types()[1]
+    parameter: Any = _plain_types()[1]  # nn.Parameter exactly
     found = []
     for entry in entries:
         layer = entry()
@@ -134,7 +135,7 @@ def offloaded_entries(entries: list[Probe], is_device: str | None = None) -> lis
                 name = next(iter(params), None)
                 if name is None:
                     continue  # no weights: nothing says it was offloaded
-            p = params.get(name)
+            p: Any = params.get(name)
             if type(p) is parameter and getattr(p, is_device) and p.untyped_storage().nbytes():
                 continue  # on the device: the usual answer
         except Exception:
