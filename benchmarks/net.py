@@ -18,6 +18,11 @@ build on the twin): the check reads only a layer's own `_parameters`, never its 
 is the CPU here: the rule's seam (`te.placement.DEVICE_TYPE = "cpu"`) makes these weights "on the
 device", as a GPU's are.
 
+Also the one-off arming cost when TE was imported before the shim (its layers may exist already):
+`te.layers.find_existing`, one pass over `gc.get_objects()` for instances of TE's base class, over
+the heap of the 100,000-layer model; beside it, one full `gc.collect()` of the same heap (what a
+collection the application runs anyway costs), as the yardstick.
+
 Also "TE never imported": in a fresh interpreter that imports the shim and torch but not TE, the
 flush stays torch's own function (the same object as `torch.cuda.memory.empty_cache`, defined in
 torch/cuda/memory.py, not a wrapper): it costs nothing.
@@ -99,6 +104,28 @@ def measure(te_layers: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def arming(te_layers: int, repeats: int) -> dict[str, Any]:
+    import gc
+
+    from harness import te_standins
+    from te_offload_shim.te import layers
+
+    layers.forget_all()
+    root, _ = build_tree(TE_PER_LAYER + (te_layers // TE_PER_LAYER) * 21)
+    bases = (te_standins.TELinearStandIn, te_standins.GroupedLinearStandIn)
+    found: list[int] = []
+
+    def search() -> None:
+        layers.forget_all()
+        found.append(sum(layers.find_existing(base)[0] for base in bases))
+
+    figures = ab(search, gc.collect, repeats, collector=True)
+    heap = len(gc.get_objects())
+    layers.forget_all()
+    del root
+    return {"te_layers": found[-1], "heap_objects": heap, **figures}
+
+
 def no_te() -> dict[str, Any]:
     env = quiet_env()
     env["PYTHONPATH"] = str(REPO)
@@ -122,6 +149,18 @@ def run(quick: bool = False) -> dict[str, Any]:
                 "_clear_te_fp8_weight_workspaces over the same model; goal <= 0.1",
             )
         )
+    size, repeats = SIZES["quick" if quick else "full"][-1]
+    armed = arming(size, repeats)
+    cases.append(armed)
+    rows.append(
+        row(
+            "flush net",
+            f"arming after TE: {armed['te_layers']:,} TE layers in a heap of {armed['heap_objects']:,} objects",
+            armed,
+            note="once per process: te.layers.find_existing over gc.get_objects() (one pass per TE base class here, "
+            "two stand-in classes) vs one full gc.collect() of the same heap",
+        )
+    )
     probe = no_te()
     own = probe["same_object"] and not probe["wrapped"] and probe["module"] == "torch.cuda.memory"
     rows.append(

@@ -188,7 +188,7 @@ def _before_flush(label: str) -> None:
             return
         with _lock:
             _counts["flushes"] += 1
-        offloaded = placement.offloaded(layers.live())
+        offloaded = placement.offloaded_entries(layers.entries())
         if offloaded:
             _cleared(label, caches.clear_layers(offloaded, strict=_switches.strict()))
     except Exception as exc:

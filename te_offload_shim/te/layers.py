@@ -23,13 +23,22 @@ _refs: dict[int, _Ref] = kept(globals(), "_refs", dict)
 
 
 class _Ref(weakref.ref):
-    __slots__ = ("key",)
+    """A weak reference to one layer, with the name of the parameter the flush net looks at first
+    (`probe`: the one it last found on the device; te/placement.offloaded_entries)."""
+
+    __slots__ = ("key", "probe")
     key: int
+    probe: str | None
 
 
-def _gone(ref: _Ref) -> None:
-    if _refs.get(ref.key) is ref:
-        del _refs[ref.key]
+def _gone(ref: _Ref, refs: dict[int, _Ref] = _refs) -> None:
+    # `refs` bound at definition: a layer that dies at interpreter shutdown, after this module's
+    # globals were cleared, still finds the dict (and says nothing on stderr)
+    try:
+        if refs.get(ref.key) is ref:
+            del refs[ref.key]
+    except Exception:
+        pass
 
 
 def note(layer: Any) -> None:
@@ -43,6 +52,7 @@ def note(layer: Any) -> None:
     except TypeError:  # a layer that cannot be weakly referenced is not kept at all
         return
     ref.key = key
+    ref.probe = None
     _refs[key] = ref
 
 
@@ -54,6 +64,12 @@ def live() -> list[Any]:
         if layer is not None:
             found.append(layer)
     return found
+
+
+def entries() -> list[_Ref]:
+    """The weak references themselves, in build order (one list; a dead one answers None): what
+    the flush net's check walks (it keeps its probe on each)."""
+    return list(_refs.values())  # a copy: another thread may be adding to the dict
 
 
 def count() -> int:

@@ -23,7 +23,8 @@ one that cannot be read is on. Not knowing means "on": the net then clears nothi
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 DEVICE_TYPE = "cuda"  # the device type whose tensors count as "on the device"
 
@@ -53,48 +54,96 @@ def on_device(tensor: Any, is_device: str | None = None) -> bool:
 
 def left_device(layer: Any, is_device: str | None = None) -> bool:
     """Whether every one of `layer`'s own parameters (at least one) has left the device, and none is
-    managed by a sharding wrapper."""
+    managed by a sharding wrapper (wherever that wrapper's data is: on the device, on the CPU
+    after a CPU offload of FSDP1 or FSDP2, or freed by a reshard)."""
+    return _decide(layer, is_device or flag())[0]
+
+
+def _decide(layer: Any, is_device: str) -> tuple[bool, str | None]:
+    """(`left_device(layer)`, the name of an own parameter found on the device, or None)."""
     try:
         params = object.__getattribute__(layer, "__dict__").get("_parameters")
         if not params:
-            return False
-        is_device = is_device or flag()
-        values = [p for p in params.values() if p is not None]
-        if not values or on_device(values[0], is_device):  # the usual answer, after one look
-            return False
-        return not any(_sharded(p) or on_device(p, is_device) for p in values)
+            return False, None
+        found = False
+        for name, p in list(params.items()):
+            if p is None:
+                continue
+            if _sharded(p):
+                return False, None  # a sharding wrapper's weight: never an offload, on or off the device
+            if on_device(p, is_device):
+                return False, name
+            found = True
+        return found, None
     except Exception:
-        return False
+        return False, None
+
+
+class Probe(Protocol):
+    """What `offloaded_entries` walks: a callable giving the layer (a weak reference), with a
+    `probe` slot naming the parameter to look at first (None: the first one)."""
+
+    probe: str | None
+
+    def __call__(self) -> Any: ...
+
+
+class _Held:
+    __slots__ = ("layer", "probe")
+    probe: str | None
+
+    def __init__(self, layer: Any) -> None:
+        self.layer, self.probe = layer, None
+
+    def __call__(self) -> Any:
+        return self.layer
 
 
 _PLAIN: tuple[type, ...] = ()
-_NONE = object()
 
 
-def offloaded(layers: list[Any], is_device: str | None = None) -> list[Any]:
-    """The layers of `layers` whose weights have all left the device (`left_device`). This runs at
-    every allocator flush over every live TE layer, and almost always finds each layer on the
-    device: that answer takes one look at the layer's first parameter (its device flag and its
-    storage's size), inlined here, with no call and no allocation per layer."""
+def offloaded(layers: Iterable[Any], is_device: str | None = None) -> list[Any]:
+    """The layers of `layers` whose weights have all left the device (`left_device`)."""
+    return offloaded_entries([_Held(layer) for layer in layers], is_device)
+
+
+def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) -> list[Any]:
+    """The layers of `entries` (weak references with a probe, te/layers.py) whose weights have all
+    left the device (`left_device`).
+
+    This runs at every allocator flush over every live TE layer, and almost always finds each
+    layer on the device. Any one own parameter on the device decides that (the layer is never
+    touched), so the loop looks first at the parameter named by the entry's probe: the one found on
+    the device at the previous flush, looked up by name in the layer's own `_parameters` (so it is
+    always a parameter the layer owns now, never a stale one). That one look is inlined here: a
+    device flag and the storage's size, no call of ours, no allocation but the storage's Python
+    object. Only when it does not answer "on" are all the layer's parameters read (`_decide`), and
+    the probe moves to whichever is on the device. The storage's size, not the tensor's: the views
+    megatron-core's buffer offload leaves keep their sizes (and `data_ptr()` their offsets) with a
+    zero-byte storage under them."""
     is_device = is_device or flag()
-    plain = _plain_types()
+    parameter: Any = _plain_types()[1]  # nn.Parameter exactly
     found = []
-    for layer in layers:
+    for entry in entries:
+        layer = entry()
+        if layer is None:
+            continue
         try:
             params = object.__getattribute__(layer, "__dict__")["_parameters"]
-            first: Any = next(iter(params.values()), _NONE)
-            if first is _NONE:
-                continue  # no weights: nothing says it was offloaded
-            if (
-                first is not None
-                and type(first) in plain
-                and getattr(first, is_device)
-                and first.untyped_storage().nbytes()
-            ):
+            name = entry.probe
+            if name is None:
+                name = next(iter(params), None)
+                if name is None:
+                    continue  # no weights: nothing says it was offloaded
+            p: Any = params.get(name)
+            if type(p) is parameter and getattr(p, is_device) and p.untyped_storage().nbytes():
                 continue  # on the device: the usual answer
         except Exception:
             continue  # not knowing is "on"
-        if left_device(layer, is_device):
+        left, on = _decide(layer, is_device)
+        if on is not None:
+            entry.probe = on
+        if left:
             found.append(layer)
     return found
 

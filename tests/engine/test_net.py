@@ -388,3 +388,24 @@ def test_an_fp8_primary_weight_counts_by_the_bytes_of_its_inner_data() -> None:
     assert placement.offloaded([layer]) == [], "the bias still holds bytes: half on the device"
     layer.bias.data.untyped_storage().resize_(0)
     assert placement.offloaded([layer]) == [layer]
+
+
+def test_a_layer_dying_after_the_registrys_globals_are_torn_down_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At interpreter shutdown a module's globals are set to None before the last objects die: a
+    layer's weak reference callback then still finds the registry it was made for (before, it raised
+    AttributeError on None, which the interpreter prints as "Exception ignored" once per layer)."""
+    import torch
+
+    from te_offload_shim.te import layers
+
+    layer = torch.nn.Linear(2, 2)
+    layers.note(layer)
+    kept = layers._refs
+    assert id(layer) in kept
+    monkeypatch.setattr(layers, "_refs", None)  # what teardown leaves
+    unraisable: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    del layer
+    assert unraisable == [], "the callback raised"
+    monkeypatch.undo()
+    assert all(ref() is not None for ref in kept.values()), "the dead layer's reference left the registry"

@@ -175,6 +175,34 @@ def test_a_child_forked_while_another_thread_flushes_can_flush_and_clear() -> No
         flusher.join(30)
     assert calls and all(net_case.entries(layer) == 0 for layer in layers)
 
+    # the worst moment, made certain: a thread holds the net's own lock (its counters') at the fork
+    from te_offload_shim.engine import net
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with net._lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(30)
+        fresh = net_case.cached_linear(te, 11)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                net_case.offload_like_megatron(fresh)
+                code = 0 if _cuda().empty_cache() == "flushed" and net_case.entries(fresh) == 0 else 2
+            finally:
+                os._exit(code)
+        assert child_exit_status(pid, 30) == 0, "the child flushed and cleared with the lock held at the fork"
+    finally:
+        release.set()
+        holder.join(30)
+
 
 SHUTDOWN = """
 import atexit, sys, torch

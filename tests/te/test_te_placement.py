@@ -86,3 +86,36 @@ def test_the_flush_loop_finds_exactly_the_offloaded_layers(cpu_is_the_device: No
     first_none.register_parameter("a_none_first", None)
     first_none._parameters = {"a_none_first": None, **first_none._parameters}
     assert placement.offloaded([on, off, half, bare, first_none]) == [off, first_none]
+
+
+@pytest.mark.subprocess(env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29541", "RANK": "0"})
+def test_sharded_parameters_on_the_cpu_never_count_as_offloaded() -> None:
+    """The real rule (device "cuda"; this torch has none, so every tensor here is off it): a sharding
+    wrapper's parameters on the CPU, as FSDP2's and FSDP1's CPU offloads leave them, are no offload.
+    FSDP2's: a real DTensor on the CPU (gloo, world size 1). FSDP1's: the original parameters its real
+    wrapper keeps in the layer (`use_orig_params`), carrying the `_fsdp_flattened` mark it sets. The same layers with
+    plain tensors in their place have left the device: only the wrapper's mark keeps them."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    assert placement.DEVICE_TYPE == "cuda"
+    dist.init_process_group("gloo", world_size=1, rank=0)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = torch.nn.Module()
+        sharded.register_parameter("weight", torch.nn.Parameter(distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])))
+        sharded.register_parameter("bias", torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Shard(0)])))
+        assert type(sharded.weight) is DTensor and not sharded.weight.is_cuda
+        assert not placement.left_device(sharded) and placement.offloaded([sharded]) == []
+
+        inner = torch.nn.Linear(4, 4)
+        FullyShardedDataParallel(inner, device_id=torch.device("cpu"), use_orig_params=True)
+        marked = [p for p in inner.parameters() if getattr(p, "_fsdp_flattened", False)]
+        assert marked and all(not p.is_cuda for p in marked), "FSDP1 marks its originals, here on the CPU"
+        assert not placement.left_device(inner) and placement.offloaded([inner]) == []
+    finally:
+        dist.destroy_process_group()
+    plain = _layer(torch.ones(4, 4), torch.ones(4))
+    assert placement.left_device(plain) and placement.offloaded([plain]) == [plain], "plain CPU weights: off"

@@ -93,8 +93,15 @@ def test_walk_both_sides_clear_the_same_tree() -> None:
 def test_net_check_clears_nothing_on_the_device_and_without_te_the_flush_is_torchs_own() -> None:
     _verl("0.9.1")
     result, stdout = _run("net.py", "--quick")
-    assert [r["case"].split(":")[0] for r in result["rows"]] == ["nothing to clear"] * 2 + ["TE never imported"]
-    for case in result["cases"]:
+    assert [r["case"].split(":")[0] for r in result["rows"]] == ["nothing to clear"] * 2 + [
+        "arming after TE",
+        "TE never imported",
+    ]
+    *checks, armed = result["cases"]
+    # the arming search found every TE layer of the model in the heap, and was timed against gc.collect
+    assert armed["te_layers"] == checks[-1]["te_layers"] and armed["heap_objects"] > 10 * armed["te_layers"], armed
+    assert armed["ours_s"] > 0 and armed["reference_s"] > 0
+    for case in checks:
         assert case["te_layers"] >= 100 and case["live_layers"] == case["te_layers"], case
         assert case["modules"] > 3 * case["te_layers"] and case["entries"] > case["te_layers"]
         # every timed call of ours was a flush the net looked at, and it cleared nothing (net.py also
