@@ -31,9 +31,10 @@ if [[ $# -eq 0 ]]; then
   TORCH_NEXT=(env PYTHONPATH="$PWD/.deps/torch-2.14.1" TEST_PYTHONPATH_PREFIX="$PWD/.deps/torch-2.14.1"
     TEST_EXPECT_TORCH=2.14.1)
   "${TORCH_NEXT[@]}" .venv/bin/python -m pytest -n 2 -q "${WRAPPER_TESTS[@]}" -k "($WRAPPER_K) and not 0.7.1"
-  # a run of its own: tests/twin has its own conftest module
+  # a run of its own: tests/twin has its own conftest module. float32 cells only: the bf16 cells and
+  # the per-copy controls run under torch 2.13 (CI's budget)
   "${TORCH_NEXT[@]}" TE_TWIN_RELEASES=2.20.2 .venv/bin/python -m pytest -n 2 --dist loadgroup -q \
-    tests/twin/test_twin_clearing.py
+    tests/twin/test_twin_clearing.py -k "not bf16 and not each_cached_copy"
   echo "--- smoke: the standard-library parts on CPython 3.10, 3.12, 3.13 (tests/smoke, venvs in .deps/py3.X)"
   scripts/smoke.sh
 fi

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness.te_twin.cells import FULL_MATRIX, RECIPE_SINCE, TWIN_RELEASES, release_key
+from harness.te_twin.cells import DEEP_MATRIX, FULL_MATRIX, RECIPE_SINCE, TWIN_RELEASES, release_key
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = "TE_TWIN_RELEASE"  # set in the twin process: the release it loaded
@@ -70,7 +70,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _outside_the_matrix(item: pytest.Item) -> bool:
-    """A cell not run: on the reduced releases bf16 and the per-copy controls (FULL_MATRIX only);
+    """A cell not run: bf16 and the per-copy controls outside DEEP_MATRIX;
     a recipe the release does not have (RECIPE_SINCE)."""
     params = getattr(item, "callspec", None)
     params = params.params if params is not None else {}
@@ -79,7 +79,7 @@ def _outside_the_matrix(item: pytest.Item) -> bool:
         return False
     if release_key(release) < RECIPE_SINCE.get(params.get("recipe", ""), (0,)):
         return True
-    return release not in FULL_MATRIX and (params.get("dtype") == "bf16" or "copy" in params)
+    return release not in DEEP_MATRIX and (params.get("dtype") == "bf16" or "copy" in params)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
