@@ -137,12 +137,28 @@ def test_a_signal_handler_that_flushes_while_the_net_is_clearing() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def _forked_child_offloads_and_clears(fresh: Any, timeout: float) -> int | None:
+    """Fork; the child (only this thread lives on there, whatever the others held reset) offloads
+    `fresh` as megatron-core does and flushes: its exit status, 0 when the flush cleared the cache."""
+    from hostile_util import child_exit_status
+    from support import net_case
+
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            net_case.offload_like_megatron(fresh)
+            code = 0 if _cuda().empty_cache() == "flushed" and net_case.entries(fresh) == 0 else 2
+        finally:
+            os._exit(code)
+    return child_exit_status(pid, timeout)
+
+
 @pytest.mark.subprocess(env=NO_TABLE)
 def test_a_child_forked_while_another_thread_flushes_can_flush_and_clear() -> None:
     import threading
 
     import torch
-    from hostile_util import child_exit_status
     from support import net_case
 
     import te_offload_shim  # noqa: F401
@@ -160,16 +176,7 @@ def test_a_child_forked_while_another_thread_flushes_can_flush_and_clear() -> No
     flusher.start()
     try:
         for _ in range(5):
-            fresh = net_case.cached_linear(te, 9)
-            pid = os.fork()
-            if pid == 0:  # the child: only this thread lives on, whatever it held is reset
-                code = 1
-                try:
-                    net_case.offload_like_megatron(fresh)
-                    code = 0 if _cuda().empty_cache() == "flushed" and net_case.entries(fresh) == 0 else 2
-                finally:
-                    os._exit(code)
-            assert child_exit_status(pid, 60) == 0
+            assert _forked_child_offloads_and_clears(net_case.cached_linear(te, 9), 60) == 0
     finally:
         stop.set()
         flusher.join(30)
@@ -189,16 +196,8 @@ def test_a_child_forked_while_another_thread_flushes_can_flush_and_clear() -> No
     holder.start()
     try:
         assert held.wait(30)
-        fresh = net_case.cached_linear(te, 11)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                net_case.offload_like_megatron(fresh)
-                code = 0 if _cuda().empty_cache() == "flushed" and net_case.entries(fresh) == 0 else 2
-            finally:
-                os._exit(code)
-        assert child_exit_status(pid, 30) == 0, "the child flushed and cleared with the lock held at the fork"
+        status = _forked_child_offloads_and_clears(net_case.cached_linear(te, 11), 30)
+        assert status == 0, "the child flushed and cleared with the lock held at the fork"
     finally:
         release.set()
         holder.join(30)
