@@ -14,7 +14,7 @@ echo "--- ruff, ruff format, mypy, lint-imports"
 .venv/bin/lint-imports --no-cache  # the layer contracts, pyproject.toml [tool.importlinter] (docs/architecture.md)
 echo "--- the suite (pytest -n 2)"
 # loadgroup: the tests of one xdist_group (tests/te/test_te_real.py, which share one probe run) on one worker
-.venv/bin/python -m pytest -n 2 --dist loadgroup -q "$@"
+.venv/bin/python -m pytest -n 2 --dist loadgroup -q --durations=25 "$@"  # the slowest 25, for the CI budget
 if [[ $# -eq 0 ]]; then
   WRAPPER_TESTS=(tests/hostile/test_wrapper_transparency.py tests/engine/test_import_order.py
     tests/integrations/test_verl.py::test_shim_imported_before_verl)
