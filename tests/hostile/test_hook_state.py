@@ -1,4 +1,4 @@
-"""Scenarios 2 and 14, round three: the post-import hook's state, and `status` telling the truth.
+"""The post-import hook's state across fork, reload and interrupts, and `status` telling the truth.
 
 - A child forked while another thread runs a post-import callback patches what it imports (the
   watcher's per-thread state is the parent's, and a new thread of the child may get the dead

@@ -1,4 +1,4 @@
-"""Scenarios 11 and 14, round three: one wrapped offload inside another.
+"""One wrapped offload inside another: cleared once, and never silenced by an outer wrapper that cleared nothing.
 
 An offload that calls another patched offload (SkyRL's function reaching megatron-core's buffer
 offload, a user's method calling a table target) is cleared once, by the outer wrapper. But only a

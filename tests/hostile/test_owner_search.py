@@ -1,4 +1,4 @@
-"""Scenarios 5 and 11, round three: the megatron-core target's search for a buffer's DDP.
+"""The megatron-core target's search for the DDP that holds a buffer: types only, failures remembered.
 
 The first offload of an unknown buffer walks the collector's objects once to find the DDP that
 holds it. That walk must read nothing but each object's type: a lazily loaded module loads itself
