@@ -41,23 +41,42 @@ def fused_amax_and_scale_update_after_reduction(
         if amax_reduction_buffer is None or amax_reduction_buffer.numel() == 0
         else amax_reduction_buffer.reshape(-1)
     )
-    offset = 0
-    for history, scale in zip(amax_histories, scales, strict=True):
-        _length, num_scales = history.shape
-        for j in range(num_scales):
-            reduced = buffer[offset + j] if buffer is not None else None
-            last = reduced if reduced is not None and float(reduced) != 0.0 else history[0, j].clone()
-            amax = torch.tensor(0.0, dtype=torch.float32)
-            if float(last) != 0.0:
-                column = history[:, j].clone()
-                rolled = torch.cat([column[1:], last.reshape(1)])
-                amax = rolled.max()
-                rolled[0] = 0.0
-                history[:, j].copy_(rolled)
-            if amax_compute_algo == "most_recent":
-                amax = last.float()
-            value = scaled_max / amax if bool(torch.isfinite(amax)) and float(amax) > 0 else scale[j].float()
-            if bool(torch.isinf(value)):
-                value = torch.tensor(dtypes.FLOAT32_MAX, dtype=torch.float32)
-            scale[j] = value
-        offset += num_scales
+    # Every scale index of every history at once, the kernel's per-index rule as tensor ops (an
+    # index-by-index loop of scalar tensors was most of a twin process's CPU); histories of one
+    # length (the recipe's amax_history_len, TE's only case) are side by side in one [length, n] table.
+    sizes = [history.shape[1] for history in amax_histories]
+    if not sizes:
+        return
+    if len({history.shape[0] for history in amax_histories}) != 1:
+        for k, (history, scale) in enumerate(zip(amax_histories, scales, strict=True)):
+            start = sum(sizes[:k])
+            reduced = None if buffer is None else buffer[start : start + sizes[k]]
+            _update(history, scale, reduced, scaled_max, amax_compute_algo)
+        return
+    history = torch.cat(amax_histories, dim=1)
+    scale = torch.cat([s if s.dim() == 1 else s.reshape(-1) for s in scales])
+    _update(history, scale, None if buffer is None else buffer[: sum(sizes)], scaled_max, amax_compute_algo)
+    torch._foreach_copy_(list(amax_histories), list(history.split(sizes, dim=1)))
+    torch._foreach_copy_(list(scales), [p.reshape(t.shape) for p, t in zip(scale.split(sizes), scales, strict=True)])
+
+
+def _update(
+    history: torch.Tensor, scale: torch.Tensor, reduced: torch.Tensor | None, scaled_max: torch.Tensor, algo: str
+) -> None:
+    """kernel_bulk's rule for each column of `history` ([length, n]) and entry of `scale` ([n]), in place."""
+    num_scales = history.shape[1]
+    newest = history[0].clone()
+    if reduced is not None:
+        reduced = reduced.to(newest.dtype)
+        newest = torch.where(reduced != 0.0, reduced, newest)  # NaN != 0: a NaN reduction is taken
+    rolls = newest != 0.0
+    rolled = torch.cat([history[1:], newest.reshape(1, num_scales)])
+    amax = torch.where(rolls, rolled.max(dim=0).values, torch.zeros_like(newest))  # max propagates NaN
+    rolled[0] = 0.0
+    history.copy_(torch.where(rolls.reshape(1, num_scales), rolled, history))
+    if algo == "most_recent":
+        amax = newest.float()
+    usable = torch.isfinite(amax) & (amax > 0)
+    value = torch.where(usable, scaled_max / torch.where(usable, amax, torch.ones_like(amax)), scale.float())
+    value = torch.where(torch.isinf(value), torch.tensor(dtypes.FLOAT32_MAX, dtype=torch.float32), value)
+    scale.copy_(value)
