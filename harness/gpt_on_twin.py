@@ -40,12 +40,16 @@ RELEASES = ("2.20.2", "2.16.1", "2.9.0", "2.4.0", "2.1.0")
 # TransformerConfig.fp8 -> the fp8_recipe it runs with by default: "hybrid" (E4M3 forward, E5M2
 # grads) under delayed scaling, "e4m3" under per-tensor current scaling
 FP8 = {"hybrid": "delayed", "e4m3": "tensorwise"}
-# Megatron's fp8_recipe -> the TE recipe class it makes (megatron/core/fp8_utils.py get_fp8_recipe)
+# TransformerConfig.fp4 -> its fp4_recipe: "e2m1" runs NVFP4 (megatron/core/fp4_utils.py get_fp4_recipe)
+FP4 = {"e2m1": "nvfp4"}
+# Megatron's fp8_recipe / fp4_recipe -> the TE recipe class it makes (fp8_utils.py get_fp8_recipe,
+# fp4_utils.py get_fp4_recipe)
 RECIPE_CLASS = {
     "delayed": "DelayedScaling",
     "tensorwise": "Float8CurrentScaling",
     "blockwise": "Float8BlockScaling",
     "mxfp8": "MXFP8BlockScaling",
+    "nvfp4": "NVFP4BlockScaling",
 }
 SEQ, MICRO_BATCH, VOCAB = 16, 2, 128  # FP8 GEMMs want dimensions that are multiples of 16
 SEED = 1234
@@ -95,7 +99,8 @@ def build(
     wrap: bool = True,
 ) -> Any:
     """A freshly seeded GPTModel from TE's layer spec, FP8 `fp8` ("hybrid" or "e4m3") with Megatron's
-    fp8_recipe `recipe` (RECIPE_CLASS; default FP8[fp8]), float32 or bf16 parameters (Megatron's
+    fp8_recipe `recipe` (RECIPE_CLASS; default FP8[fp8]), or FP4 with `fp8="e2m1"` (Megatron's `fp4`
+    and `fp4_recipe`, default "nvfp4"), float32 or bf16 parameters (Megatron's
     --bf16), in megatron DDP (`wrap=False`: the bare model, as a reference model is built); `cuda`: on
     a real GPU with TE's real extension (the demo's "te" mode: nccl, the model moved to the GPU).
     `frozen(name)`: the parameters it names have `requires_grad=False` before DDP is built, so they
@@ -107,11 +112,14 @@ def build(
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer import TransformerConfig
 
-    if fp8 not in FP8:
-        raise ValueError(f"fp8 must be one of {', '.join(FP8)}, not {fp8!r}")
-    recipe = recipe or FP8[fp8]
+    formats = {**FP8, **FP4}
+    if fp8 not in formats:
+        raise ValueError(f"fp8 must be one of {', '.join(formats)}, not {fp8!r}")
+    recipe = recipe or formats[fp8]
     if recipe not in RECIPE_CLASS:
         raise ValueError(f"recipe must be one of {', '.join(RECIPE_CLASS)}, not {recipe!r}")
+    # Megatron refuses fp8 and fp4 together (TransformerConfig.__post_init__)
+    precision = {"fp4": fp8, "fp4_recipe": recipe} if fp8 in FP4 else {"fp8": fp8, "fp8_recipe": recipe}
     init_world("nccl" if cuda else "gloo")
     model_parallel_cuda_manual_seed(SEED)
     torch.manual_seed(SEED)
@@ -122,8 +130,7 @@ def build(
         use_cpu_initialization=True,
         bf16=bf16,
         params_dtype=torch.bfloat16 if bf16 else torch.float32,
-        fp8=fp8,
-        fp8_recipe=recipe,
+        **precision,
         attention_backend="unfused",
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
@@ -232,10 +239,12 @@ def float8_class(value: Any) -> str | None:
     return None
 
 
-# Every TE quantized value class a cache may hold: per-tensor FP8, FP8 blocks, MXFP8 (tensor,
+# Every TE quantized value class a cache may hold: per-tensor FP8, FP8 blocks, MXFP8, NVFP4 (tensor,
 # 2.0 - 2.8 base, 2.9+ storage)
 QUANTIZED = FLOAT8 | {
-    f"{name}{suffix}" for name in ("MXFP8Tensor", "Float8BlockwiseQTensor") for suffix in ("", "Base", "Storage")
+    f"{name}{suffix}"
+    for name in ("MXFP8Tensor", "Float8BlockwiseQTensor", "NVFP4Tensor")
+    for suffix in ("", "Base", "Storage")
 }
 
 

@@ -13,7 +13,7 @@ Only two things are replaced, everything else is the release's own code from its
   torch CPU math with the semantics of TE's C++ for that release (each module cites its source
   files); a kernel it lacks raises `MissingKernel` naming it;
 - the device queries (device.py): one GPU of the chosen architecture, sm90 (Hopper) by default,
-  sm100 (Blackwell) for MXFP8; TE's "cuda" allocations land on the CPU (redirect.py).
+  sm100 (Blackwell) for MXFP8 and NVFP4; TE's "cuda" allocations land on the CPU (redirect.py).
 
 One release per process: `load` changes torch process-wide. Run it in a fresh interpreter.
 `counters.counting()` counts TE's kernel calls and device allocations (the step-cost benchmark).

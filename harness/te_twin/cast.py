@@ -4,7 +4,7 @@ bias-gradient + quantize, split quantize, amax.
 Sources: csrc/extensions/cast.cpp (quantize, dequantize, create_empty_quantized_tensor,
 split_quantize), csrc/extensions/bias.cpp (bgrad_quantize), csrc/extensions/transpose.cpp
 (fp8_transpose), csrc/extensions/recipe.cpp (compute_amax); TransformerEngine main (2.20.0.dev0)
-and v2.9. Each recipe's own layout lives in its module (float8.py, blockwise.py, mxfp8.py); this
+and v2.9. Each recipe's own layout lives in its module (float8.py, blockwise.py, mxfp8.py, nvfp4.py); this
 module picks one by the quantizer's class, as `convert_quantizer` does.
 """
 
@@ -21,7 +21,9 @@ from harness.te_twin.counters import kernel
 def _recipe(kind: str | None) -> Any:
     import importlib
 
-    module = {"delayed": "float8", "current": "float8", "block": "blockwise", "mxfp8": "mxfp8"}.get(kind or "")
+    module = {"delayed": "float8", "current": "float8", "block": "blockwise", "mxfp8": "mxfp8", "nvfp4": "nvfp4"}.get(
+        kind or ""
+    )
     if module is not None:
         return importlib.import_module(f"harness.te_twin.{module}")
     raise NotImplementedError(f"the CPU twin of transformer_engine_torch does not quantize for {kind} quantizers")

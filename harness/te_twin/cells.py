@@ -31,13 +31,14 @@ NOT_TWINNED = {
 # The first release with each recipe (transformer_engine/common/recipe.py; Megatron's fp8_utils.py
 # asks the same: tensorwise from 2.2, blockwise from 2.3): older releases' cells of it are not
 # collected (tests/twin/conftest.py), where they would exist only to skip.
-RECIPE_SINCE = {"Float8CurrentScaling": (2, 2), "Float8BlockScaling": (2, 3)}
-RECIPES = ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling")
+RECIPE_SINCE = {"Float8CurrentScaling": (2, 2), "Float8BlockScaling": (2, 3), "NVFP4BlockScaling": (2, 8)}
+RECIPES = ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling", "NVFP4BlockScaling")
 MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear")
 # (recipe, GPU architecture) cells: per-tensor FP8 on Hopper and on Blackwell, where TE's GEMM reads
 # other buffers (any layout from the row-wise data; no transpose is made); FP8 block scaling on
 # Hopper (TE's block-scaled GEMM requires it before 2.10 and the twin's sm100 path is MXFP8's);
-# MXFP8 on Blackwell (TE requires sm100). tests/twin/conftest.py runs each sm in a process of its own.
+# MXFP8 and NVFP4 on Blackwell (TE requires sm100). tests/twin/conftest.py runs each sm in a process of
+# its own.
 RECIPE_SM = (
     ("DelayedScaling", 90),
     ("DelayedScaling", 100),
@@ -45,8 +46,23 @@ RECIPE_SM = (
     ("Float8CurrentScaling", 100),
     ("Float8BlockScaling", 90),
     ("MXFP8BlockScaling", 100),
+    ("NVFP4BlockScaling", 100),
 )
 DTYPES = ("float32", "bf16")  # params_dtype: float32, and bf16 as Megatron's --bf16 trains
+# Recipes TE runs on bf16 activations only, with TE's reason: their float32 cells are not collected
+# (tests/twin/conftest.py), the tests without a dtype parameter run them in bf16 (`dtype_for`), and
+# test_twin_kernels.py checks that the refusal is TE's own error.
+BF16_ONLY = {
+    "NVFP4BlockScaling": (
+        "TE's NVFP4 recipe applies the random Hadamard transform to inputs and gradients, and its C++ "
+        "refuses it for anything but bf16 input (csrc/quantizer.cpp: 'RHT is only supported for bfloat16 input')"
+    ),
+}
+
+
+def dtype_for(recipe: str) -> str:
+    """The parameter type a test without a dtype parameter trains `recipe` in."""
+    return "bf16" if recipe in BF16_ONLY else "float32"
 
 
 def recipe_sm_params() -> list[Any]:
@@ -57,7 +73,8 @@ def recipe_sm_params() -> list[Any]:
 # The copies a cached value holds, by family and architecture, and which GEMM of a microbatch reads
 # each (cublaslt_gemm.cu CanonicalizeGemmInput; harness/te_twin/gemm.py): the forward (`x @ W.T`,
 # TN) and the dgrad (`dy @ W`, NN). Per-tensor FP8 has one scale-inverse for both its copies; on
-# Blackwell it keeps only the row-wise data, which both GEMMs read.
+# Blackwell it keeps only the row-wise data, which both GEMMs read. NVFP4's GEMM also reads each
+# direction's own per-tensor amax from the cached value (cuBLAS's alpha: amax_A * amax_B / (6 * 448)^2).
 COPIES: dict[tuple[str, int], dict[str, tuple[str, frozenset[str]]]] = {
     ("float8", 90): {
         "rowwise_data": ("_data", frozenset({"forward"})),
@@ -77,12 +94,21 @@ COPIES: dict[tuple[str, int], dict[str, tuple[str, frozenset[str]]]] = {
         }
         for family, sm in (("block", 90), ("mxfp8", 100))
     },
+    ("nvfp4", 100): {
+        "rowwise_data": ("_rowwise_data", frozenset({"forward"})),
+        "rowwise_scale_inv": ("_rowwise_scale_inv", frozenset({"forward"})),
+        "amax_rowwise": ("_amax_rowwise", frozenset({"forward"})),
+        "columnwise_data": ("_columnwise_data", frozenset({"dgrad"})),
+        "columnwise_scale_inv": ("_columnwise_scale_inv", frozenset({"dgrad"})),
+        "amax_columnwise": ("_amax_columnwise", frozenset({"dgrad"})),
+    },
 }
 FAMILY = {
     "DelayedScaling": "float8",
     "Float8CurrentScaling": "float8",
     "Float8BlockScaling": "block",
     "MXFP8BlockScaling": "mxfp8",
+    "NVFP4BlockScaling": "nvfp4",
 }
 
 

@@ -16,7 +16,10 @@ would use, and a missing one raises the GPU's error:
   is "missing column-wise usage" (the C++ wrapper leaves invalid transposes out). On Blackwell
   (sm100) any layout runs from `_data`;
 - MXFP8 and FP8 block scaling: the row-wise data when A is transposed / B is not, else the
-  column-wise data (harness/te_twin/mxfp8.py, blockwise.py give the values).
+  column-wise data (harness/te_twin/mxfp8.py, blockwise.py give the values);
+- NVFP4 (TN only, both operands NVFP4): the same choice of direction, each with its own amax;
+  the block-scaled values are multiplied and the result scaled by amax_A * amax_B / (6 * 448)^2,
+  as cuBLAS applies TE's per-tensor alpha (harness/te_twin/nvfp4.py).
 Values are decoded, scaled by their scale-inverses and multiplied in float32 (cuBLAS accumulates
 FP8 and 16-bit GEMMs in float32); epilogues: bias, GELU with its input saved (forward), dGELU and
 the bias gradient (backward: of B for BGRADB, of the output for DGELU_BGRAD).
@@ -28,7 +31,7 @@ from typing import Any
 
 import torch
 
-from harness.te_twin import activations, dtypes, storage
+from harness.te_twin import activations, dtypes, nvfp4, storage
 from harness.te_twin.counters import kernel
 
 
@@ -51,6 +54,8 @@ def logical_shape(t: Any) -> list[int]:
     kind = storage.family(t)
     if kind is None:
         return list(t.shape)
+    if kind == "nvfp4":  # TE's Python size() warns for a column-wise-only one; the C++ shape does not
+        return nvfp4.logical_shape(t)
     if kind == "float8" and t._data is None and t._transpose is not None:
         # The C++ Tensor::shape() of a column-wise-only FP8 tensor (common/common.h): the
         # transpose [last, *leading] rotated back. Not the Python size(), which before 2.1x
@@ -74,6 +79,9 @@ def operand(t: Any, transposed: bool, name: str) -> torch.Tensor:
 
         recipe = importlib.import_module("harness.te_twin." + {"mxfp8": "mxfp8", "block": "blockwise"}[kind])
         return recipe.gemm_operand(t, transposed, name)
+    if kind == "nvfp4":  # both scale levels, for the callers that need an operand's values
+        values, amax = nvfp4.gemm_operand(t, transposed, name)
+        return values * (amax * torch.tensor(1.0 / (nvfp4.FP4_MAX * nvfp4.E4M3_MAX), dtype=torch.float32))
     raise NotImplementedError(f"the CPU twin of transformer_engine_torch has no GEMM for {type(t).__name__} operands")
 
 
@@ -141,7 +149,7 @@ def matmul(
     _lead_check(A, "A", transa)
     _lead_check(B, "B", transb)
     shape = output_shape(logical_shape(A), transa, logical_shape(B), transb)
-    d = operand(B, transb, "B") @ operand(A, transa, "A")
+    d = _product(A, transa, B, transb)
     if alpha != 1.0:
         d = d * alpha
     bias_grad = pre_gelu = None
@@ -160,6 +168,18 @@ def matmul(
             pre_gelu = d
             d = activations.gelu_f32(d)
     return d.reshape(shape), bias_grad, (None if pre_gelu is None else pre_gelu.reshape(shape))
+
+
+def _product(A: Any, transa: bool, B: Any, transb: bool) -> torch.Tensor:
+    """op(B) @ op(A) in float32."""
+    families = (storage.family(A), storage.family(B))
+    if "nvfp4" not in families:
+        return operand(B, transb, "B") @ operand(A, transa, "A")
+    if families != ("nvfp4", "nvfp4"):
+        raise GemmError("Inputs A and B to GEMM need to have compatible scaling modes")
+    a, amax_a = nvfp4.gemm_operand(A, transa, "A")
+    b, amax_b = nvfp4.gemm_operand(B, transb, "B")
+    return (b @ a) * nvfp4.per_tensor_alpha(amax_a, amax_b)
 
 
 def _values(t: Any) -> torch.Tensor:

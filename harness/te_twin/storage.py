@@ -112,6 +112,8 @@ def te_class(name: str) -> type:
             "tensor.storage.float8_blockwise_tensor_storage",
             "tensor._internal.float8_blockwise_tensor_base",
         ),
+        "NVFP4Tensor": ("tensor.nvfp4_tensor",),
+        "NVFP4TensorStorage": ("tensor.storage.nvfp4_tensor_storage", "tensor._internal.nvfp4_tensor_base"),
         "GroupedTensor": ("tensor.grouped_tensor",),
         "GroupedTensorStorage": ("tensor.storage.grouped_tensor_storage",),
     }[name]

@@ -23,10 +23,10 @@ import torch
 
 from harness import te_twin
 
-HIDDEN, OUT, FFN = 128, 128, 256  # multiples of 128: FP8 block scaling's tiles, MXFP8's 32-blocks
+HIDDEN, OUT, FFN = 128, 128, 256  # multiples of 128: FP8 block scaling's tiles, MXFP8's 32-blocks, NVFP4's 16s
 TOKENS = 64  # two GroupedLinear splits of 32: MXFP8 needs multiples of 32
 GROUPS = 2
-RECIPES = ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling")
+RECIPES = ("DelayedScaling", "Float8CurrentScaling", "Float8BlockScaling", "MXFP8BlockScaling", "NVFP4BlockScaling")
 MODULES = ("Linear", "LayerNormLinear", "LayerNormMLP", "GroupedLinear")
 # What TE's GEMM-operand values are, by recipe (the classes a forward caches)
 VALUE_FAMILY = {
@@ -34,6 +34,7 @@ VALUE_FAMILY = {
     "Float8CurrentScaling": "Float8Tensor",
     "Float8BlockScaling": "Float8BlockwiseQTensor",
     "MXFP8BlockScaling": "MXFP8Tensor",
+    "NVFP4BlockScaling": "NVFP4Tensor",
 }
 
 Hook = Callable[[Any, int, int], None]

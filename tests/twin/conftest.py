@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness.te_twin.cells import DEEP_MATRIX, FULL_MATRIX, RECIPE_SINCE, TWIN_RELEASES, release_key
+from harness.te_twin.cells import BF16_ONLY, DEEP_MATRIX, FULL_MATRIX, RECIPE_SINCE, TWIN_RELEASES, release_key
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = "TE_TWIN_RELEASE"  # set in the twin process: the release it loaded
@@ -52,7 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "twin(sm=90): runs in a TE twin process of its `release` answering as an sm90 GPU, or sm100 (a test's "
-        "`sm` parameter chooses; without one, tests with recipe MXFP8BlockScaling get sm100) (tests/twin/conftest.py)",
+        "`sm` parameter chooses; without one, tests with recipe MXFP8BlockScaling or NVFP4BlockScaling get "
+        "sm100) (tests/twin/conftest.py)",
     )
     release = in_twin()
     if release is not None:
@@ -71,13 +72,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _outside_the_matrix(item: pytest.Item) -> bool:
     """A cell not run: bf16 and the per-copy controls outside DEEP_MATRIX;
-    a recipe the release does not have (RECIPE_SINCE)."""
+    a recipe the release does not have (RECIPE_SINCE); float32 cells of a recipe TE runs on bf16
+    activations only (BF16_ONLY, whose refusal test_twin_kernels.py checks)."""
     params = getattr(item, "callspec", None)
     params = params.params if params is not None else {}
     release = params.get("release")
     if release is None:
         return False
     if release_key(release) < RECIPE_SINCE.get(params.get("recipe", ""), (0,)):
+        return True
+    if params.get("recipe") in BF16_ONLY and params.get("dtype") == "float32":
         return True
     return release not in DEEP_MATRIX and (params.get("dtype") == "bf16" or "copy" in params)
 
@@ -112,7 +116,8 @@ def _process_of(item: pytest.Item) -> tuple[str, int] | None:
     if "sm" in callspec.params:
         sm = int(callspec.params["sm"])
     else:
-        sm = 100 if callspec.params.get("recipe") == "MXFP8BlockScaling" else int(marker.kwargs.get("sm", 90))
+        blackwell = callspec.params.get("recipe") in ("MXFP8BlockScaling", "NVFP4BlockScaling")
+        sm = 100 if blackwell else int(marker.kwargs.get("sm", 90))
     return callspec.params["release"], sm
 
 

@@ -20,6 +20,7 @@ from harness.te_twin.cells import (
     clear_between_steps,
     cleared_entries,
     copy_params,
+    dtype_for,
     keep_run,
     need,
     recipe_sm_params,
@@ -33,8 +34,9 @@ def _rowwise_data(value: object) -> object:
 
 
 def corrupt_in_place(t: Any) -> None:
-    """A stale copy: FP8 data zeroed; a scale-inverse doubled (float32), or its E8M0 exponents
-    raised by one (MXFP8's uint8 scales: also x2)."""
+    """A stale copy: FP8 / FP4 data zeroed; a scale-inverse or an amax doubled (float32), or its
+    uint8 scales' bytes raised by one (MXFP8's E8M0 exponents: x2; NVFP4's E4M3 block scales: the
+    next E4M3 value, 448 becoming NaN)."""
     import torch
 
     if t.dtype == torch.uint8:
@@ -78,6 +80,7 @@ def test_negative_control_each_cached_copy_corrupted_where_te_reads_it_changes_t
     from harness.te_twin import training
 
     field, read_by = COPIES[FAMILY[recipe], sm][copy]
+    dtype = dtype_for(recipe)
 
     def corrupt(model: object, step: int, microbatch: int) -> None:
         if microbatch == 1:
@@ -88,8 +91,8 @@ def test_negative_control_each_cached_copy_corrupted_where_te_reads_it_changes_t
                 assert isinstance(t, torch.Tensor), f"{key} holds no {field}: the cache lacks a copy TE makes"
                 t.zero_() if copy.endswith("data") else corrupt_in_place(t)
 
-    keep = keep_run(module, recipe)
-    corrupted = training.train(training.build(module), recipe, before_microbatch=corrupt)
+    keep = keep_run(module, recipe, dtype)
+    corrupted = training.train(training.build(module, dtype=dtype), recipe, before_microbatch=corrupt)
     assert not corrupted.same(keep)
     # the first microbatch that reads the corrupted cache (step 0's second; later ones also see
     # weights the corrupted gradients updated)
@@ -115,7 +118,9 @@ def test_a_cache_corrupted_after_the_optimizer_step_is_requantized_in_place(
         for value in training.workspaces(model).values():  # type: ignore[arg-type]
             _rowwise_data(value).zero_()  # type: ignore[attr-defined]
 
-    assert training.train(training.build(module), recipe, after_step=corrupt).same(keep_run(module, recipe))
+    dtype = dtype_for(recipe)
+    corrupted = training.train(training.build(module, dtype=dtype), recipe, after_step=corrupt)
+    assert corrupted.same(keep_run(module, recipe, dtype))
 
 
 @pytest.mark.parametrize(("recipe", "sm"), recipe_sm_params())
@@ -127,7 +132,7 @@ def test_a_mid_step_clear_is_te_running_that_microbatch_without_its_weight_cache
     TE's own result for that microbatch with caching off (`is_first_microbatch=None`, the path of
     Megatron's `disable_parameter_transpose_cache`): the weight is quantized again with the scale
     of that moment. That equals keeping the cache for recipes whose scales come from the weight
-    itself (current scaling, FP8 blocks, MXFP8), and differs from it under DelayedScaling, whose
+    itself (current scaling, FP8 blocks, MXFP8, NVFP4), and differs from it under DelayedScaling, whose
     kept workspace carries the scale of the step's first microbatch (docs/te-twin.md gives the
     measured difference)."""
     need(release, recipe, module)
@@ -137,14 +142,15 @@ def test_a_mid_step_clear_is_te_running_that_microbatch_without_its_weight_cache
         if microbatch == 1:
             clear_between_steps(model, step, microbatch)
 
+    dtype = dtype_for(recipe)
     cleared_entries.clear()
-    mid = training.train(training.build(module), recipe, before_microbatch=clear_mid_step)
+    mid = training.train(training.build(module, dtype=dtype), recipe, before_microbatch=clear_mid_step)
     assert cleared_entries and all(n > 0 for n in cleared_entries), cleared_entries
     uncached = training.train(
-        training.build(module), recipe, first_microbatch=lambda step, mb: True if mb == 0 else None
+        training.build(module, dtype=dtype), recipe, first_microbatch=lambda step, mb: True if mb == 0 else None
     )
     assert mid.same(uncached)
-    keep = keep_run(module, recipe)
+    keep = keep_run(module, recipe, dtype)
     if recipe == "DelayedScaling":
         assert not mid.same(keep) and mid.max_loss_diff(keep) > 0
     else:

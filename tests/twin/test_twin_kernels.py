@@ -540,3 +540,217 @@ def test_the_device_answers_as_blackwell_for_mxfp8(release: str) -> None:
     assert torch.cuda.get_device_capability() == (10, 0)
     name = torch.cuda.get_device_properties(0).name
     assert "B200" in name and "twin" in name
+
+
+# NVFP4 (harness/te_twin/nvfp4.py): the recipe parameter gives these tests an sm100 twin and keeps
+# them off releases without the recipe (tests/twin/conftest.py)
+NVFP4 = pytest.mark.parametrize("recipe", ["NVFP4BlockScaling"])
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+FP4_GLOBAL = 448.0 * 6.0  # S_enc = 448 * 6 / amax (core_nvfp4.cuh)
+
+
+def _nvfp4_quantizer(**kwargs: Any) -> Any:
+    import importlib
+
+    module = importlib.import_module("transformer_engine.pytorch.tensor.nvfp4_tensor")
+    return module.NVFP4Quantizer(**kwargs)
+
+
+def _bf16(rows: int, cols: int, seed: int = 0) -> Any:
+    import torch
+
+    return _x(rows, cols, seed).to(torch.bfloat16)
+
+
+def _e4m3_bytes(values: Any) -> Any:
+    import torch
+
+    return values.float().clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def _unpack_nibbles(data: Any) -> Any:
+    """[R, C/2] bytes -> [R, C] codes, byte i = element 2i (low nibble) | element 2i+1 (high)."""
+    import torch
+
+    return torch.stack([data & 0x0F, data >> 4], dim=-1).reshape(data.shape[0], -1)
+
+
+@NVFP4
+def test_nvfp4_e2m1_codes_round_trip_every_value_two_a_byte_low_nibble_first(release: str, recipe: str) -> None:
+    """E2M1: +-{0, 0.5, 1, 1.5, 2, 3, 4, 6}, code = index of the magnitude, + 8 for the sign; byte i
+    holds element 2i in its low nibble. Each 16-block below holds all 16 values (amax 6), so the
+    global scale is 448 * 6 / 6 and every block scale E4M3(448) = 0x7E: the bytes are the codes."""
+    import torch
+
+    values = torch.tensor([*E2M1, *(-v for v in E2M1)])
+    codes = torch.arange(16)
+    g = torch.Generator().manual_seed(0)
+    order = torch.stack([torch.randperm(16, generator=g) for _ in range(32)]).reshape(16, 32)
+    x, code = values[order], codes[order]
+    out = _tex().quantize(x.to(torch.bfloat16), _nvfp4_quantizer(rowwise=True, columnwise=False))
+    assert out._columnwise_data is None and out._rowwise_data.shape == (16, 16)
+    assert torch.equal(out._rowwise_data, (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8))
+    assert out._rowwise_scale_inv.shape == (128, 4)  # [roundup(M, 128), roundup(K / 16, 4)]
+    assert torch.all(out._rowwise_scale_inv[:16, :2] == 0x7E) and float(out._amax_rowwise) == 6.0
+    assert torch.allclose(out.dequantize().float(), x, rtol=1e-6, atol=0)
+    assert torch.equal(torch.signbit(out.dequantize().float()), torch.signbit(x))
+
+
+@NVFP4
+@pytest.mark.parametrize("two_d", [False, True])
+def test_nvfp4_block_scales_are_e4m3_of_block_amax_times_the_global_scale(
+    release: str, recipe: str, two_d: bool
+) -> None:
+    """quantize_transpose_nvfp4.cuh: S_enc = 448 * 6 / amax; per 1x16 block (or 16x16 tile with
+    `with_2d_quantization`, TE's weight quantization) the scale E4M3(block_amax * (S_enc / 6));
+    the column-wise copy is the transpose, scaled along its own rows (the same tiles in 2-D, so
+    its codes are the row-wise codes transposed); each value is within a sixth of its block's
+    amax (E2M1's widest step, 4 to 6) plus the scale's rounding. A zero tensor has scale 1."""
+    import torch
+
+    x = _bf16(64, 128, 7)
+    x[5, 9] = 40.0
+    out = _tex().quantize(x, _nvfp4_quantizer(with_2d_quantization=two_d))
+    xf = x.float()
+    amax = xf.abs().max()
+    s_enc = torch.tensor(FP4_GLOBAL) / amax
+    rows = 16 if two_d else 1
+
+    def block_amax(m: Any) -> Any:
+        r, c = m.shape
+        return m.abs().reshape(r // rows, rows, c // 16, 16).amax(dim=(1, 3)).repeat_interleave(rows, 0)
+
+    sixth = torch.tensor(1.0 / 6.0)
+    assert torch.equal(out._rowwise_scale_inv[:64, :8], _e4m3_bytes(block_amax(xf) * (s_enc * sixth)))
+    assert torch.equal(out._columnwise_scale_inv[:128, :4], _e4m3_bytes(block_amax(xf.t()) * (s_enc * sixth)))
+    assert out._rowwise_scale_inv.shape == (128, 8) and out._columnwise_scale_inv.shape == (128, 4)
+    assert out._columnwise_data.shape == (128, 32)
+    assert float(out._amax_rowwise) == float(out._amax_columnwise) == float(amax)
+    if two_d:
+        assert torch.equal(_unpack_nibbles(out._columnwise_data), _unpack_nibbles(out._rowwise_data).t())
+    bound = block_amax(xf).repeat_interleave(16, 1) * (1.0 / 6.0) * 1.07
+    assert bool(((out.dequantize().float() - xf).abs() <= bound).all())
+    zero = _tex().quantize(torch.zeros(32, 32, dtype=torch.bfloat16), _nvfp4_quantizer())
+    assert float(zero._amax_rowwise) == 0.0 and not zero._rowwise_data.any()
+    assert not zero._rowwise_scale_inv.any() and torch.equal(zero.dequantize().float(), torch.zeros(32, 32))
+
+
+def _sylvester(n: int) -> Any:
+    import torch
+
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+@NVFP4
+def test_nvfp4_rht_is_an_orthogonal_signed_hadamard_and_cancels_in_the_wgrad_gemm(release: str, recipe: str) -> None:
+    """The quantizer's `rht_matrix` (TE's Python) is diag(signs) @ H16 / 4 with random signs, so
+    orthogonal. With `with_rht` the column-wise copy is RHT(x.T) (its amax the transformed one's),
+    the row-wise copy is x's own; in the wgrad GEMM (NT) both operands are transformed along the
+    contraction dimension, so the transforms cancel: the product is dy.T @ x up to FP4's error, and
+    a GEMM with only one operand transformed is far from it."""
+    import torch
+
+    q = _nvfp4_quantizer(with_rht=True, with_post_rht_amax=True)
+    h = q.rht_matrix.float()
+    signs = h[:, 0] * 4
+    assert torch.equal(h, torch.diag(signs) @ _sylvester(16) / 4) and bool((signs == -1).any())
+    assert torch.equal(h @ h.t(), torch.eye(16))
+    x, dy = _bf16(64, 128, 1), _bf16(64, 32, 2)
+    qx = _tex().quantize(x, q)
+    transformed = (x.float().t().reshape(-1, 16) @ h).reshape(128, 64).to(torch.bfloat16)
+    assert float(qx._amax_columnwise) == float(transformed.abs().max())
+    assert float(qx._amax_rowwise) == float(x.abs().max())
+    exact = dy.float().t() @ x.float()
+
+    def error(b: Any) -> float:
+        d = _gemm(qx, b, *_workspace_args(release), out_dtype=torch.float32, layout="NT")
+        return float((d - exact).norm() / exact.norm())
+
+    assert error(_tex().quantize(dy, _nvfp4_quantizer(with_rht=True, with_post_rht_amax=True))) < 0.2
+    assert error(_tex().quantize(dy, _nvfp4_quantizer())) > 0.5
+
+
+@NVFP4
+def test_nvfp4_stochastic_rounding_is_seeded_by_cudas_generator_and_unbiased(release: str, recipe: str) -> None:
+    """With `stochastic_rounding` (TE's gradients) a value between two E2M1 values rounds up with
+    probability proportional to its distance from the lower one: 0.625 (a quarter of the way from
+    0.5 to 1, at unit scale) averages 0.625, where rounding to nearest gives 0.5. The random bits
+    come from CUDA's generator (the CPU's on the twin), which the quantize advances: the same seed
+    gives the same bytes, the next call others."""
+    import torch
+
+    x = torch.full((256, 256), 0.625, dtype=torch.bfloat16)
+    x[:, ::16] = 6.0  # unit scale in every block
+    q = _nvfp4_quantizer(columnwise=False, stochastic_rounding=True)
+    torch.manual_seed(11)
+    seeded = torch.cuda.get_rng_state()
+    first = _tex().quantize(x, q)
+    assert not torch.equal(torch.cuda.get_rng_state(), seeded), "the quantize drew from CUDA's generator"
+    following = _tex().quantize(x, q)
+    torch.manual_seed(11)
+    again = _tex().quantize(x, q)
+    assert torch.equal(first._rowwise_data, again._rowwise_data)
+    assert not torch.equal(first._rowwise_data, following._rowwise_data)
+    inner = torch.ones(256, 256, dtype=torch.bool)
+    inner[:, ::16] = False
+    values = first.dequantize().float()[inner]
+    assert set(values.unique().tolist()) == {0.5, 1.0}
+    assert abs(float(values.mean()) - 0.625) < 0.01
+    nearest = _tex().quantize(x, _nvfp4_quantizer(columnwise=False)).dequantize().float()[inner]
+    assert set(nearest.unique().tolist()) == {0.5}
+
+
+@NVFP4
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
+def test_nvfp4_gemm_reads_the_direction_and_the_amax_cublas_reads(release: str, recipe: str, layout: str) -> None:
+    """cublaslt_gemm.cu (NVFP4, TN only): A's row-wise data and amax when transposed, else its
+    column-wise ones; B the other way round; cuBLAS's alpha is amax_A * amax_B / (6 * 448)^2.
+    Overwriting the other direction (data and amax) changes nothing, doubling the amax it reads
+    doubles the result, dropping the direction it needs raises."""
+    import torch
+
+    shapes = {"TN": ((128, 64), (32, 64)), "NN": ((64, 128), (32, 64)), "NT": ((32, 128), (32, 64))}
+    (a_shape, b_shape) = shapes[layout]
+    a_values, b_values = _bf16(*a_shape, seed=1), _bf16(*b_shape, seed=2)
+    a = _tex().quantize(a_values, _nvfp4_quantizer())
+    b = _tex().quantize(b_values, _nvfp4_quantizer())
+
+    def gemm() -> Any:
+        return _gemm(a, b, *_workspace_args(release), out_dtype=torch.float32, layout=layout)
+
+    d = gemm()
+    op_a = a_values.float().t() if layout[0] == "T" else a_values.float()
+    op_b = b_values.float().t() if layout[1] == "T" else b_values.float()
+    exact = op_b @ op_a
+    assert float((d - exact).norm() / exact.norm()) < 0.2
+    a_row, b_row = layout[0] == "T", layout[1] == "N"
+    (a._columnwise_data if a_row else a._rowwise_data).fill_(0x77)
+    (a._amax_columnwise if a_row else a._amax_rowwise).mul_(4)
+    (b._columnwise_data if b_row else b._rowwise_data).fill_(0x77)
+    (b._amax_columnwise if b_row else b._amax_rowwise).mul_(4)
+    assert torch.equal(gemm(), d)
+    (a._amax_rowwise if a_row else a._amax_columnwise).mul_(2)
+    assert torch.equal(gemm(), d * 2)
+    if not a_row:
+        a._columnwise_data = None
+        with pytest.raises(RuntimeError, match="Input A is missing column-wise usage"):
+            gemm()
+
+
+@NVFP4
+def test_nvfp4_refuses_float32_activations_with_tes_own_error(release: str, recipe: str) -> None:
+    """Why the NVFP4 cells train in bf16 (harness/te_twin/cells.py BF16_ONLY): TE's recipe applies
+    the Hadamard transform to the layer's input, which its C++ refuses for float32."""
+    import torch
+
+    from harness import te_twin
+    from harness.te_twin import training
+
+    layer = training.build("Linear")
+    assert layer.weight.dtype == torch.float32
+    with pytest.raises(RuntimeError, match="RHT is only supported for bfloat16 input"):
+        with te_twin.autocast(training.make_recipe(recipe)):
+            layer(training.batch(0, 0), is_first_microbatch=True)

@@ -30,8 +30,8 @@ from harness.gpt_on_twin import FP8, RECIPE_CLASS, RELEASES
 
 STEPS, LAYERS, LINEARS_PER_LAYER = 3, 2, 4  # linear_qkv, linear_proj, linear_fc1, linear_fc2
 VERL = "0.8.0"
-# Beyond delayed and current scaling on every release: the other recipes, per-tensor FP8 on a
-# Blackwell GPU and bf16 parameters, on the newest release (one id each: the CI budget).
+# Beyond delayed and current scaling on every release: the other recipes (NVFP4 included), per-tensor
+# FP8 on a Blackwell GPU and bf16 parameters, on the newest release (one id each: the CI budget).
 # (release, fp8, Megatron's fp8_recipe, sm, bf16)
 MORE = (
     ("2.20.2", "e4m3", "blockwise", 90, False),
@@ -39,6 +39,8 @@ MORE = (
     ("2.20.2", "hybrid", "delayed", 100, False),
     ("2.20.2", "hybrid", "delayed", 90, True),
     ("2.20.2", "e4m3", "mxfp8", 100, True),
+    # NVFP4 (Megatron's fp4="e2m1"): bf16 only, as TE's recipe refuses float32 activations
+    ("2.20.2", "e2m1", "nvfp4", 100, True),
 )
 # the value class family each recipe caches
 PER_TENSOR = frozenset({"Float8Tensor", "Float8TensorBase", "Float8TensorStorage"})
@@ -47,6 +49,7 @@ FAMILY = {
     "tensorwise": PER_TENSOR,
     "blockwise": frozenset({"Float8BlockwiseQTensor", "Float8BlockwiseQTensorBase", "Float8BlockwiseQTensorStorage"}),
     "mxfp8": frozenset({"MXFP8Tensor", "MXFP8TensorBase", "MXFP8TensorStorage"}),
+    "nvfp4": frozenset({"NVFP4Tensor", "NVFP4TensorBase", "NVFP4TensorStorage"}),
 }
 
 
