@@ -27,14 +27,15 @@ if [[ $# -eq 0 ]]; then
     "${WRAPPER_TESTS[@]}" -k "$WRAPPER_K"
   # torch 2.14.1, the newest the registry allows (a CUDA build, run on the CPU), first on every path:
   # the wrapper's tests, verl 0.8.0's offload and the twin's clearing on TE 2.20
-  echo "--- under torch 2.14.1 (.deps/torch-2.14.1): the wrapper's tests, verl 0.8.0, the twin's clearing on TE 2.20.2"
+  echo "--- under torch 2.14.1 (.deps/torch-2.14.1): the wrapper's tests, verl 0.8.0, the twin on TE 2.20.2"
   TORCH_NEXT=(env PYTHONPATH="$PWD/.deps/torch-2.14.1" TEST_PYTHONPATH_PREFIX="$PWD/.deps/torch-2.14.1"
     TEST_EXPECT_TORCH=2.14.1)
   "${TORCH_NEXT[@]}" .venv/bin/python -m pytest -n 2 -q "${WRAPPER_TESTS[@]}" -k "($WRAPPER_K) and not 0.7.1"
-  # a run of its own: tests/twin has its own conftest module. float32 cells only: the bf16 cells and
-  # the per-copy controls run under torch 2.13 (CI's budget)
-  "${TORCH_NEXT[@]}" TE_TWIN_RELEASES=2.20.2 .venv/bin/python -m pytest -n 2 --dist loadgroup -q \
-    tests/twin/test_twin_clearing.py -k "not bf16 and not each_cached_copy"
+  # a run of its own: tests/twin has its own conftest module. Every twin cell of TE 2.20.2 (both GPUs,
+  # both parameter types, the per-copy controls, the kernels) and one id of the whole stack (each is a
+  # fresh interpreter of its own: the others run under torch 2.13, CI's budget)
+  "${TORCH_NEXT[@]}" TE_TWIN_RELEASES=2.20.2 .venv/bin/python -m pytest -n 2 --dist loadgroup -q tests/twin \
+    -k "not test_verl_offload_of_megatron_gpt or hybrid-DelayedScaling-sm90-bf16"
   echo "--- smoke: the standard-library parts on CPython 3.10, 3.12, 3.13 (tests/smoke, venvs in .deps/py3.X)"
   scripts/smoke.sh
 fi

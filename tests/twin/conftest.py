@@ -8,8 +8,8 @@ runs in the suite's own workers: the first test of a release starts one fresh in
 loads that release on the twin and runs every test of the release (`TE_TWIN_RELEASE` set, the
 other releases deselected); each test in the suite then reports its own outcome from there
 (passed, skipped with the child's reason, or failed with the child's report). Under
-`pytest -n 2 --dist loadgroup` one worker takes all tests of a release, so two releases run at
-once. `TE_TWIN_RELEASES=2.20.2,2.9.0` limits the releases.
+`pytest -n 2 --dist loadgroup` one worker takes all tests of a twin process (release and GPU), so two
+run at once. `TE_TWIN_RELEASES=2.20.2,2.9.0` limits the releases.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness.te_twin.cells import BF16_ONLY, DEEP_MATRIX, FULL_MATRIX, RECIPE_SINCE, TWIN_RELEASES, release_key
+from harness.te_twin.cells import BF16_ONLY, FULL_MATRIX, RECIPE_SINCE, TWIN_RELEASES, release_key
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = "TE_TWIN_RELEASE"  # set in the twin process: the release it loaded
@@ -71,7 +71,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def _outside_the_matrix(item: pytest.Item) -> bool:
-    """A cell not run: bf16 and the per-copy controls outside DEEP_MATRIX;
+    """A cell not run: float32 and the per-copy controls outside FULL_MATRIX;
     a recipe the release does not have (RECIPE_SINCE); float32 cells of a recipe TE runs on bf16
     activations only (BF16_ONLY, whose refusal test_twin_kernels.py checks)."""
     params = getattr(item, "callspec", None)
@@ -83,7 +83,7 @@ def _outside_the_matrix(item: pytest.Item) -> bool:
         return True
     if params.get("recipe") in BF16_ONLY and params.get("dtype") == "float32":
         return True
-    return release not in DEEP_MATRIX and (params.get("dtype") == "bf16" or "copy" in params)
+    return release not in FULL_MATRIX and (params.get("dtype") == "float32" or "copy" in params)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -100,7 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             (keep if process == (child, twin_sm()) else drop).append(item)
         else:
             if config.pluginmanager.hasplugin("xdist"):
-                item.add_marker(pytest.mark.xdist_group(f"te-twin-{process[0]}"))
+                item.add_marker(pytest.mark.xdist_group(f"te-twin-{process[0]}-sm{process[1]}"))
             keep.append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
