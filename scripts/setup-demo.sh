@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # What demo/run.sh needs and nothing else (run as scripts/setup-env.sh --demo): the distributions
-# the demo's three processes import, each pinned and --no-deps: torch 2.13.0 (CPU) by pip, which
-# finds the machine's CPU wheel; into the venv the rest of demo/requirements.txt, and verl 0.8.0,
-# TE 2.20.2 and what TE imports into the .deps folders of the full environment, by uv (here about
-# three times faster than pip: parallel downloads, no byte-compiling; each module is compiled when
-# first imported). Real packages throughout, triton 3.9.0 included (TE defines its Triton kernels
-# at import; the demo runs none). Idempotent; a later scripts/setup-env.sh builds the rest on top.
+# the demo's three processes import (scripts/demo-imports.py lists them), each pinned, --no-deps.
+# torch 2.13.0 (CPU) by pip, which finds the machine's CPU wheel (README, Install), in the
+# background; meanwhile by uv the rest of demo/requirements.txt into the venv, and verl 0.8.0,
+# TE 2.20.2 and what TE imports into the .deps folders the full environment uses (uv downloads in
+# parallel and compiles nothing: here about three times faster than pip). Real packages throughout,
+# triton 3.9.0 included: TE defines its Triton kernels at import; the demo runs none. Idempotent;
+# a later scripts/setup-env.sh (no flag) builds the rest on top and changes none of these versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
