@@ -6,13 +6,12 @@
 # Idempotent: a second run only checks the stamps. Prints each step as "setup-env: [k/n] what".
 #   scripts/setup-env.sh [--no-smoke | --demo]   --no-smoke: stop after the main environment: no smoke
 #   venvs, no framework wheels only the tests import (steps 13, 14). --demo: only what demo/run.sh
-#   needs (torch, megatron-core, verl 0.8.0 and its imports, TE 2.20.2 and what it imports, the
-#   package); the tests' other releases, tools and frameworks are left for a later full run.
+#   imports (scripts/setup-demo.sh: the distributions of demo/requirements.txt, verl 0.8.0, TE
+#   2.20.2 and what TE imports); the tests' releases, tools and frameworks are left for a later full run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 STAMP=.venv/.te-offload-shim-env-v4
-DEMO_STAMP=.venv/.te-offload-shim-demo-v1
 SMOKE_MINORS=(10 12 13)
 SMOKE_STAMP=.te-offload-shim-smoke-v1  # inside each .deps/py3.X
 STEPS=17
@@ -28,27 +27,12 @@ done
 step() { echo "setup-env: [$1/$STEPS] $2"; }
 pip() { .venv/bin/python -m pip install -q --disable-pip-version-check "$@"; }
 
-if [[ $DEMO == 1 ]]; then
-  if [[ -f $STAMP || -f $DEMO_STAMP ]]; then
-    echo "setup-env: demo environment up to date"
+if [[ $DEMO == 1 ]]; then  # the full environment holds the demo's; else the demo's alone (its own script)
+  if [[ -f $STAMP ]]; then
+    echo "setup-env: demo environment up to date (the full one, $STAMP)"
     exit 0
   fi
-  echo "setup-env: [demo 1/4] venv, torch 2.13.0 (CPU), megatron-core 0.16.1, verl's imports"
-  [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
-  pip torch==2.13.0 megatron-core==0.16.1 tensordict==0.10.0 "transformers>=5.5.3,<5.11,!=5.6.0" omegaconf \
-      codetiming orjson ray "wrapt>=2,<3" cloudpickle peft datasets pillow
-  echo "setup-env: [demo 2/4] te-offload-shim itself (editable), verl 0.8.0 -> .deps/verl-0.8.0"
-  pip --no-deps -e .
-  [[ -d .deps/verl-0.8.0/verl ]] || pip --no-deps --target .deps/verl-0.8.0 verl==0.8.0
-  echo "setup-env: [demo 3/4] Transformer Engine 2.20.2 -> .deps/te-2.20.2, onnx, onnxscript, einops"
-  [[ -f .deps/te-2.20.2/transformer_engine/pytorch/__init__.py ]] || \
-      pip --no-deps --target .deps/te-2.20.2 transformer-engine==2.20.2
-  [[ -d .deps/te-pydeps/onnxscript ]] || pip --no-deps --target .deps/te-pydeps onnx==1.23.2 onnxscript==0.7.2 \
-      onnx-ir==1.1.0 ml-dtypes==0.6.0 einops==0.8.2
-  echo "setup-env: [demo 4/4] triton 3.9.0 (imported by TE, never run) -> .deps/triton"
-  [[ -d .deps/triton/triton ]] || pip --no-deps --target .deps/triton triton==3.9.0
-  touch "$DEMO_STAMP"
-  exit 0
+  exec scripts/setup-demo.sh
 fi
 
 if [[ -f $STAMP ]]; then
