@@ -51,6 +51,7 @@ def _run_case(case: str, shim: bool, layers: int, hidden: int, te: str, forced: 
     from harness import demo_mode  # which TE this machine runs (its choice is unit-tested)
 
     mode = demo_mode.choose(demo_mode.facts(te), forced)
+    print("MODE " + json.dumps({"name": mode.name, "why": mode.why}), flush=True)  # the parent's first line
     if mode.name == "te":
         return _te_case(shim, layers, hidden) | {"mode_why": mode.why}
     if mode.name == "standins":
@@ -275,6 +276,13 @@ def main() -> int:
         cmd += ["--te", args.te] + (["--mode", args.mode] if args.mode else [])
         case_env = dict(env, TE_OFFLOAD_SHIM="0") if case == "without" else env
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=case_env))
+    # The mode line as soon as the first case has chosen it (seconds, where the cases take most of a
+    # minute): a newcomer sees what runs before the figures come.
+    assert procs[0].stdout is not None
+    first = procs[0].stdout.readline()
+    chosen = json.loads(first[5:]) if first.startswith("MODE ") else None
+    if chosen is not None:
+        print(f"mode: {chosen['name']} ({chosen['why']})", flush=True)
     results = []
     for proc in procs:
         stdout, stderr = proc.communicate()
@@ -283,13 +291,17 @@ def main() -> int:
             print(stdout, stderr, file=sys.stderr)
             return 1
         results.append(json.loads(lines[-1][7:]))
-    return report(results, args)
+    if chosen is not None and {r["backend"] for r in results} != {chosen["name"]}:
+        print(f"the cases ran {sorted({r['backend'] for r in results})}, not the mode printed", file=sys.stderr)
+        return 1
+    return report(results, args, mode_printed=chosen is not None)
 
 
-def report(results: list[dict], args: argparse.Namespace) -> int:
+def report(results: list[dict], args: argparse.Namespace, mode_printed: bool = False) -> int:
     without, with_, net = results
     device, twin, real = without["device"], without["backend"] == "twin", without["backend"] == "te"
-    print(f"mode: {without['backend']} ({without.get('mode_why', '')})")
+    if not mode_printed:
+        print(f"mode: {without['backend']} ({without.get('mode_why', '')})")
     print(
         f"verl {args.verl} offload_megatron_model_to_cpu on a megatron-core GPTModel ({args.layers} layers, "
         f"hidden {args.hidden}) in megatron DDP, device: {device}"
