@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import node_ids
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -73,18 +74,19 @@ def child_env(
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker("subprocess")
-    if marker is None or os.environ.get(CHILD) == pyfuncitem.nodeid:
+    nodeid = node_ids.plain(pyfuncitem)  # the child runs without xdist: no `@group` suffix
+    if marker is None or os.environ.get(CHILD) == nodeid:
         return None  # an ordinary test, or the child running its one test
     opts = marker.kwargs
     env = child_env(opts.get("env"), opts.get("verl"))
     if opts.get("activate"):
         env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), env["PYTHONPATH"]])
-    env[CHILD] = pyfuncitem.nodeid
+    env[CHILD] = nodeid
     basetemp = pyfuncitem.config._tmp_path_factory.mktemp("child", numbered=True)  # type: ignore[attr-defined]
     # The child runs one test: plugins it does not use stay out (anyio's and looponfail's imports
     # alone double a child pytest's start-up, ~0.7 s of CPU for each of these tests)
     args = [
-        pyfuncitem.nodeid, "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:xdist.looponfail",
+        nodeid, "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:xdist.looponfail",
         "-p", "no:anyio", "-p", "no:randomly", f"--basetemp={basetemp}", "--no-header", "-rN", *opts.get("args", ()),
     ]  # fmt: skip
     timeout = opts.get("timeout", 180)

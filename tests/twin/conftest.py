@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import node_ids
 
 from harness.te_twin.cells import BF16_ONLY, FULL_MATRIX, RECIPE_SINCE, TWIN_RELEASES, release_key
 
@@ -86,6 +87,7 @@ def _outside_the_matrix(item: pytest.Item) -> bool:
     return release not in FULL_MATRIX and (params.get("dtype") == "float32" or "copy" in params)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     child = in_twin()
     keep: list[pytest.Item] = []
@@ -111,8 +113,8 @@ def _process_of(item: pytest.Item) -> tuple[str, int] | None:
     """(release, sm) of the twin process that runs the item; None for a test not run on the twin."""
     callspec = getattr(item, "callspec", None)
     marker = item.get_closest_marker("twin")
-    if callspec is None or marker is None or "release" not in callspec.params:
-        return None
+    if callspec is None or marker is None or not isinstance(callspec.params.get("release"), str):
+        return None  # not a twin test, or no release selected for it (pytest skips an empty parameter set)
     if "sm" in callspec.params:
         sm = int(callspec.params["sm"])
     else:
@@ -128,7 +130,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None  # not a twin test, or the twin process running it
     release, sm = process
     outcomes = _twin_run(release, sm, pyfuncitem.config)
-    record = outcomes.get(pyfuncitem.nodeid)
+    record = outcomes.get(node_ids.plain(pyfuncitem))  # the twin process runs without xdist's group suffix
     if record is None:
         pytest.fail(f"the TE {release} twin process did not report {pyfuncitem.nodeid}:\n{outcomes.get('', '')}")
     if record["outcome"] == "skipped":
