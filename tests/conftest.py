@@ -74,9 +74,11 @@ def child_env(
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker("subprocess")
+    if marker is None:
+        return None  # an ordinary test
     nodeid = node_ids.plain(pyfuncitem)  # the child runs without xdist: no `@group` suffix
-    if marker is None or os.environ.get(CHILD) == nodeid:
-        return None  # an ordinary test, or the child running its one test
+    if os.environ.get(CHILD) == nodeid:
+        return None  # the child running its one test
     opts = marker.kwargs
     env = child_env(opts.get("env"), opts.get("verl"))
     if opts.get("activate"):
