@@ -168,9 +168,10 @@ torch_next() {
   pip --target .deps/torch-2.14.1 torch==2.14.1
 }
 
-step 1 "venv, uv $(grep -o 'uv==[0-9.]*' scripts/setup-demo.sh | cut -d= -f3) -> .deps/uv"
+UV_PIN=$(grep -o 'uv==[0-9.]*' scripts/setup-demo.sh | head -n 1)  # one uv for both set-ups
+step 1 "venv, uv ${UV_PIN#uv==} -> .deps/uv"
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
-[[ -x $UV ]] || pip --no-deps --target .deps/uv "$(grep -o 'uv==[0-9.]*' scripts/setup-demo.sh)"
+[[ -x $UV ]] || pip --no-deps --target .deps/uv "$UV_PIN"
 if [[ $SMOKE == 1 && ! -d .deps/torch-2.14.1/torch ]]; then lane torch_next; fi
 
 if [[ -f $STAMP ]]; then

@@ -15,6 +15,7 @@ import faulthandler
 import json
 import random
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -54,7 +55,7 @@ def main() -> None:
         started = time.perf_counter()
         smoke_target.offload([])
         spans.append(time.perf_counter() - started)
-    span = sorted(spans)[len(spans) // 2]  # the median: one call descheduled must not set the timer
+    span = statistics.median(spans)  # one call descheduled must not set the timer
     interrupts = _interrupted(lambda: smoke_target.offload([]), armed, span, OFFLOAD_INTERRUPTS, lambda: False)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     held = [name for name, lock in _package_locks() if not _free(lock)]
