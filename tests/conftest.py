@@ -7,6 +7,8 @@ clean. The module holding such tests must import nothing heavy at its top: the c
 Keywords: `env` (added to the child's environment), `verl` (a release put on the path), `timeout`,
 `args` (extra pytest arguments for the child, e.g. `--assert=plain` for a pristine meta path),
 `activate` (the shim is active from interpreter start, as with `te-offload-shim run`), `fresh`.
+The test is reported as the child ended it (tests/support/child_outcome.py): passed, skipped with the
+child's reason, xfailed or xpassed, failed; a child that ran no test fails.
 
 The child is forked from a fork server that has imported torch, tensordict and transformers and
 nothing of the shim or the targets (tests/support/zygote.py says why that is the same start for what these
@@ -21,12 +23,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import node_ids
+from support import child_outcome, node_ids
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -85,6 +87,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         env["PYTHONPATH"] = os.pathsep.join([str(BOOTSTRAP), env["PYTHONPATH"]])
     env[CHILD] = nodeid
     basetemp = pyfuncitem.config._tmp_path_factory.mktemp("child", numbered=True)  # type: ignore[attr-defined]
+    report = basetemp.with_name(basetemp.name + ".json")  # beside basetemp, which the child empties
+    env[child_outcome.REPORT] = str(report)
     # The child runs one test: plugins it does not use stay out (anyio's and looponfail's imports
     # alone double a child pytest's start-up, ~0.7 s of CPU for each of these tests)
     args = [
@@ -101,10 +105,27 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         )  # the child empties basetemp
         where = "an interpreter forked from tests/support/zygote.py"
     if rc is None:
-        pytest.fail(f"{where} timed out after {timeout} s:\n{out[-4000:]}", pytrace=False)
-    if rc != 0:
-        pytest.fail(f"in {where} ({rc}):\n{out[-12000:]}", pytrace=False)
+        outcome = child_outcome.Outcome("failed", f"{where} timed out after {timeout} s:\n{out[-4000:]}")
+    else:
+        outcome = child_outcome.read(report, rc, out, where)
+    pyfuncitem.stash[child_outcome.KEY] = outcome
+    outcome.raise_here()
     return True
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # tryfirst: its end runs after the skipping plugin's
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    outcome = item.stash.get(child_outcome.KEY, None)
+    if outcome is not None and call.when == "call":
+        outcome.onto(report)
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    child_outcome.record(report, os.environ.get(CHILD))  # in a child: its test's outcome, for the suite
 
 
 def _fresh(args: list[str], env: dict[str, str], timeout: float) -> tuple[int | None, str]:
