@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import child_outcome, node_ids
+from support import child_outcome, node_ids, set_up
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -113,6 +113,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
+# The report of every test: a child's outcome (its call's report here), then CI's rule on set-up skips.
 @pytest.hookimpl(wrapper=True, tryfirst=True)  # tryfirst: its end runs after the skipping plugin's
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -121,6 +122,7 @@ def pytest_runtest_makereport(
     outcome = item.stash.get(child_outcome.KEY, None)
     if outcome is not None and call.when == "call":
         outcome.onto(report)
+    set_up.fail_under_ci(report)
     return report
 
 
@@ -230,14 +232,12 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def verl_path(version: str) -> Path:
     path = DEPS / f"verl-{version}"
-    if not (path / "verl").is_dir():
-        pytest.skip(f"verl {version} not installed in {path} (run scripts/setup-env.sh)")
+    set_up.needs(path / "verl", f"verl {version} not installed in {path}")
     return path
 
 
 def legacy_pydeps_path() -> Path:
-    if not (LEGACY_PYDEPS / "transformers").is_dir():
-        pytest.skip(f"transformers 4.x not installed in {LEGACY_PYDEPS} (run scripts/setup-env.sh)")
+    set_up.needs(LEGACY_PYDEPS / "transformers", f"transformers 4.x not installed in {LEGACY_PYDEPS}")
     return LEGACY_PYDEPS
 
 

@@ -20,7 +20,7 @@ import pytest
 # under 20 minutes on 2 cores) sets this split: docs/te-twin.md gives the matrix.
 TWIN_RELEASES = ("2.20.2", "2.19.0", "2.18.0", "2.16.1", "2.12.0", "2.10.0", "2.9.0", "2.8.0", "2.4.0", "2.1.0")
 FULL_MATRIX = ("2.20.2", "2.9.0", "2.4.0")
-# TE 1.x is not twinned (one test, tests/twin/test_twin_releases.py, skips with this reason).
+# TE 1.x is not twinned (tests/twin/test_twin_releases.py checks this reason in the wheels).
 NOT_TWINNED = {
     "1.13.0": (
         "TE 1.x is not twinned: its GEMM, casts and activations are TorchScript ops its compiled library "

@@ -16,8 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import DEPS, MIRRORS, REPO, verl_path
+from support.set_up import needs
 
 CLI = Path(sys.executable).with_name("te-offload-shim")
 NAMESAKES = DEPS / "namesakes"
@@ -25,8 +25,7 @@ OTHERS = {"roll": "roll 0.13.4", "slime": "slime 0.0.0", "pai-chatlearn": "chatl
 
 
 def _status(*path: Path) -> dict:
-    if not (NAMESAKES / "roll").is_dir():
-        pytest.skip(f"PyPI's roll, slime and chatlearn not installed in {NAMESAKES} (run scripts/setup-env.sh)")
+    needs(NAMESAKES / "roll", f"PyPI's roll, slime and chatlearn not installed in {NAMESAKES}")
     full = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON", "VERL_"))}
     full["PYTHONPATH"] = os.pathsep.join([str(REPO), *map(str, path)])
     proc = subprocess.run(

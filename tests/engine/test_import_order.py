@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from conftest import DEPS, use_mirrors
 from support.entries import CASES, Call
+from support.set_up import needs
 
 
 def _drive(steps: list[str], module: str, original: Callable[[], object]) -> object:
@@ -302,8 +303,7 @@ def test_builtin_entries_in_both_orders() -> None:
 def test_builtin_entries_apart_in_both_orders() -> None:
     """nemo-rl 0.5's mirror, and the real ms-swift 4.6.0 set up as in tests/integrations/test_ms_swift.py."""
     swift = DEPS / "ms-swift-4.6.0"
-    if not (swift / "swift").is_dir():
-        pytest.skip(f"ms-swift 4.6.0 not installed in {swift} (run scripts/setup-env.sh)")
+    needs(swift / "swift", f"ms-swift 4.6.0 not installed in {swift}")
 
     def prepare() -> None:
         CASES["nemo-rl-0.5"].prepare()

@@ -10,6 +10,7 @@ TE's modules really imported), never typed by hand.
 from __future__ import annotations
 
 import pytest
+from support.set_up import needs
 
 
 def _chunk() -> tuple:
@@ -29,8 +30,7 @@ def test_chunk_graphed_by_te_make_graphed_callables_is_left_alone() -> None:
     from te_offload_shim.te.caches import clear_fp8_workspaces, scan
 
     releases = [r for r in te_releases.RELEASES if te_releases.installed(r)]
-    if not releases:
-        pytest.skip("no TE release in .deps (run scripts/setup-env.sh)")
+    needs(bool(releases), "no TE release in .deps")
     failures = []
     for release in releases:
         source = str(te_releases.folder(release) / te_graph.GRAPH)

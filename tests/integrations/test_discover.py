@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DEPS
+from support.set_up import needs
 
 SWIFT = (DEPS / "ms-swift-4.6.0").resolve()  # discover reports resolved paths (.deps may be a link)
 VERL_08 = (DEPS / "verl-0.8.0").resolve()
@@ -34,8 +35,7 @@ def test_discover_finds_verl_and_ms_swift_and_imports_nothing(capsys: pytest.Cap
     from te_offload_shim import cli
 
     for folder in (VERL_08, VERL_09, SWIFT):
-        if not folder.is_dir():
-            pytest.skip(f"{folder} not installed (run scripts/setup-env.sh)")
+        needs(folder, f"{folder} not installed")
     before = set(sys.modules)
     assert cli.main(["discover", "--json", str(VERL_08), str(VERL_09), str(SWIFT)]) == 0
     rows = json.loads(capsys.readouterr().out)
@@ -67,8 +67,7 @@ def test_text_output_and_the_value_to_paste(capsys: pytest.CaptureFixture, monke
     from te_offload_shim.engine.schema import parse_user_targets
 
     megatron = MEGATRON
-    if not (megatron / "megatron").is_dir():
-        pytest.skip(f"{megatron} not installed (run scripts/setup-env.sh)")
+    needs(megatron / "megatron", f"{megatron} not installed")
     assert cli.main(["discover", str(megatron)]) == 0
     lines = capsys.readouterr().out.splitlines()
     paste = lines[-1]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DEPS
+from support.set_up import needs
 
 FOLDERS = {
     name: (DEPS / name).resolve()  # discover reports resolved paths (.deps may hold links)
@@ -25,8 +26,7 @@ REWARD = "reward_model.megatron.reward_model:MegatronRewardModel.offload_params_
 
 def _installed() -> list[str]:
     for folder in FOLDERS.values():
-        if not folder.is_dir():
-            pytest.skip(f"{folder} not installed (run scripts/setup-env.sh)")
+        needs(folder, f"{folder} not installed")
     return [str(f) for f in FOLDERS.values()]
 
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import pytest
 from conftest import DEPS, mirror_env, use_mirrors
 from support.entries import CASES
+from support.set_up import missing
 
 
 def chunk() -> tuple[Any, int]:
@@ -241,7 +242,7 @@ def _contract_params() -> list:
     for name, case in CASES.items():
         marks = [pytest.mark.subprocess(**case.subprocess)]
         if case.needs is not None and not (DEPS / case.needs).is_dir():
-            marks.append(pytest.mark.skip(reason=f"{case.needs} not installed in {DEPS} (run scripts/setup-env.sh)"))
+            marks.append(missing(f"{case.needs} not installed in {DEPS}"))
         params.append(pytest.param(name, marks=marks, id=name))
     return params
 

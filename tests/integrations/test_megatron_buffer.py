@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import DEPS, REPO
+from support.set_up import missing
 
 VENV_RELEASE = "0.16.1"
 OTHER_RELEASE = "0.16.0"
@@ -37,7 +38,7 @@ def on_release(release: str) -> Any:
     """A fresh interpreter with `release` first on the path (skipped when it is not installed)."""
     folder = DEPS / f"megatron-core-{release}"
     if release != VENV_RELEASE and not (folder / "megatron").is_dir():
-        return pytest.mark.skip(reason=f"megatron-core {release} not installed in {folder} (run scripts/setup-env.sh)")
+        return missing(f"megatron-core {release} not installed in {folder}")
     return pytest.mark.subprocess(env=megatron_env(release))
 
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import pytest
 from conftest import DEPS
+from support.set_up import missing
 
 SWIFT = DEPS / "ms-swift-4.6.0"
 
-pytestmark = pytest.mark.skipif(
-    not (SWIFT / "swift").is_dir(), reason=f"ms-swift 4.6.0 not installed in {SWIFT} (run scripts/setup-env.sh)"
-)
+pytestmark = [] if (SWIFT / "swift").is_dir() else [missing(f"ms-swift 4.6.0 not installed in {SWIFT}")]
 
 
 @pytest.mark.subprocess(timeout=300)

@@ -21,6 +21,7 @@ import sys
 
 import pytest
 from conftest import DEPS
+from support.set_up import needs
 from support.verl_case import build, offload
 
 WORKERS = {"0.6.0": "trinity.trainer.verl_legacy.megatron_workers", "0.5.2": "trinity.trainer.verl.megatron_workers"}
@@ -28,8 +29,7 @@ WORKERS = {"0.6.0": "trinity.trainer.verl_legacy.megatron_workers", "0.5.2": "tr
 
 def _on_path(release: str) -> str:
     folder = DEPS / f"trinity-rft-{release}"
-    if not (folder / "trinity").is_dir():
-        pytest.skip(f"trinity-rft {release} not installed in {folder} (run scripts/setup-env.sh)")
+    needs(folder / "trinity", f"trinity-rft {release} not installed in {folder}")
     sys.path[:0] = [str(folder), str(DEPS / "trinity-pydeps")]
     from harness import te_import_only
 

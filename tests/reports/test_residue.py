@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 import pytest
+from support.set_up import missing
 
 F32 = 4  # bytes per float32 element
 
@@ -300,7 +301,7 @@ def _te_release(release: str) -> Any:
     from harness import te_releases
 
     if not te_releases.installed(release):
-        return pytest.mark.skip(reason=f"TE {release} not in {te_releases.folder(release)} (run scripts/setup-env.sh)")
+        return missing(f"TE {release} not in {te_releases.folder(release)}")
     return pytest.mark.subprocess()
 
 

@@ -20,8 +20,9 @@ import tempfile
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
-import pytest
 from conftest import DEPS
+
+from support.set_up import needs
 
 UTILS = "siirl.utils.megatron.megatron_utils"
 
@@ -29,8 +30,7 @@ UTILS = "siirl.utils.megatron.megatron_utils"
 def on_path(release: str) -> None:
     """siiRL `release` and what it imports first on the path, flash_attn served by the stand-in."""
     folder = DEPS / f"siirl-{release}"
-    if not (folder / "siirl").is_dir():
-        pytest.skip(f"siirl {release} not installed in {folder} (run scripts/setup-env.sh)")
+    needs(folder / "siirl", f"siirl {release} not installed in {folder}")
     logs = tempfile.mkdtemp(prefix="siirl-logs-")  # `import siirl` writes a log file (default: ./siirl_logs)
     atexit.register(shutil.rmtree, logs, True)
     os.environ["SIIRL_LOG_DIRECTORY"] = logs

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import pytest
+from support.set_up import needs
 
 RELEASE = "2.20.2"
 MEGATRON_OFF = "Megatron disable_parameter_transpose_cache"
@@ -63,8 +64,7 @@ def _te_layers() -> tuple[Any, ...]:
 def test_caching_off_by_configuration_is_said_not_reported_as_cleared(caplog: pytest.LogCaptureFixture) -> None:
     from harness import te_import, te_releases
 
-    if not te_releases.installed(RELEASE):
-        pytest.skip(f"TE {RELEASE} not in {te_releases.folder(RELEASE)} (run scripts/setup-env.sh)")
+    needs(te_releases.installed(RELEASE), f"TE {RELEASE} not in {te_releases.folder(RELEASE)}")
     te_import.load(RELEASE)  # before megatron-core, which picks TE or its own layers when imported
     import torch
 

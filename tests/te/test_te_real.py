@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.set_up import needs
 
 from harness import te_releases
 
@@ -34,8 +35,7 @@ def _probe(release: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, 
     in one process (shared imports once, one forked child per release: harness/te_probe.py main)."""
     from filelock import FileLock
 
-    if not te_releases.installed(release):
-        pytest.skip(f"TE {release} not in {te_releases.folder(release)} (run scripts/setup-env.sh)")
+    needs(te_releases.installed(release), f"TE {release} not in {te_releases.folder(release)}")
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one run's workers share it
     path = shared / f"te-probe-{release}.json"

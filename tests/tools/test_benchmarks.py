@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.set_up import needs
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
@@ -49,8 +50,7 @@ def _assert_within_width(stdout: str) -> None:
 
 
 def _verl(version: str) -> None:
-    if not (REPO / ".deps" / f"verl-{version}" / "verl").is_dir():
-        pytest.skip(f"verl {version} not installed (scripts/setup-env.sh)")
+    needs(REPO / ".deps" / f"verl-{version}" / "verl", f"verl {version} not installed")
 
 
 def test_ab_alternates_prepares_and_takes_medians() -> None:
