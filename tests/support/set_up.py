@@ -22,6 +22,7 @@ SET_UP = "(run scripts/setup-env.sh)"
 def needs(present: bool | Path, what: str) -> None:
     """Skip the running test unless `present` (a path that exists, or a true condition); `what`
     says what is missing."""
+    __tracebackhide__ = True  # the skip points at the test's line
     if not (present.exists() if isinstance(present, Path) else present):
         pytest.skip(f"{what} {SET_UP}")
 

@@ -9,8 +9,11 @@ distinct so that the summary names which test each line is about.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+from support.set_up import missing, needs
 
 IN_CHILD = os.environ.get("TEST_SUBPROCESS_NODEID") is not None  # this file imported by a child
 
@@ -73,3 +76,14 @@ def test_fails() -> None:
 @pytest.mark.subprocess(args=("-k", "no_test_has_this_name"))
 def test_runs_nothing() -> None:
     raise AssertionError("never reached: the child deselects it")
+
+
+@pytest.mark.subprocess
+def test_needs_a_missing_folder() -> None:
+    needs(Path(__file__).with_name("no-such-folder"), "a folder of the set-up not installed")
+
+
+@pytest.mark.subprocess
+@missing("a folder chosen at collection not installed")
+def test_chosen_at_collection_without_its_set_up() -> None:
+    raise AssertionError("never reached")
