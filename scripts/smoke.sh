@@ -9,6 +9,7 @@ for minor in 10 12 13; do
   py=.deps/py3.$minor/bin/python
   if [[ ! -x $py ]]; then
     echo "smoke: python3.$minor NOT RUN: no $py (scripts/setup-env.sh found no python3.$minor)"
+    [[ ${CI:-} != true ]] || failed+=("3.$minor (no venv, and CI=true)")  # CI's set-up makes every one
     continue
   fi
   version=$("$py" -c 'import platform; print(platform.python_version())')
