@@ -1,5 +1,5 @@
-"""Skips for a missing set-up (a `.deps` folder, a smoke venv, a tool scripts/setup-env.sh installs),
-which CI does not allow.
+"""Skips for a missing set-up (a `.deps` folder, TE's wheels, the package's editable install: what
+scripts/setup-env.sh makes), which CI does not allow (scripts/smoke.sh does the same for a smoke venv).
 
 Here a test whose set-up is missing skips and says what to run; under `CI=true` the same skip fails
 the run, since CI runs scripts/setup-env.sh first and a folder missing there is a broken set-up, not a
