@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -22,8 +23,13 @@ RUNTIME_BUDGET, PACKAGE_BUDGET, code_lines = codelines.RUNTIME_BUDGET, codelines
 # What a person runs, never a training process (pyproject.toml's contract "the runtime imports none
 # of the tools" keeps the runtime's imports away from them)
 # Until the budgets are met (issue 35: the import hook's rewrite is to bring the rest), a strict xfail:
-# it turns into a failure the day they are met, so that the mark goes then
-OVER_BUDGET = pytest.mark.xfail(strict=True, reason="issue 35: over budget until the import hook's rewrite lands")
+# it turns into a failure the day they are met, so that the mark goes then. In the suite's process
+# only: a child that ran the test reports its failure to it.
+OVER_BUDGET = pytest.mark.xfail(
+    "TEST_SUBPROCESS_NODEID" not in os.environ,
+    strict=True,
+    reason="issue 35: over budget until the import hook's rewrite lands",
+)
 TOOLS = (
     "te_offload_shim.cli",
     "te_offload_shim.__main__",
@@ -47,7 +53,6 @@ def test_a_training_process_loads_the_runtime_only_within_its_budget() -> None:
     """The shim imported first, then verl 0.8.0's engine and TE 2.20.2 (on the twin) with a Megatron
     GPT in DDP: one FP8 training step and verl's real offload, cleared by the shim."""
     import te_offload_shim
-
     from harness import gpt_on_twin as gpt
 
     gpt.load("2.20.2")
