@@ -2,10 +2,9 @@
 
 Workers. Where the shim is installed, `ray.init` gains a `worker_process_setup_hook` in its
 runtime_env, so every worker of the job, on every node, installs the shim before it runs a task.
-We stay out when the job already has a hook (Ray allows one), or when its runtime_env keeps the
-workers from importing the package (another Python environment, an import path without us): an
-unimportable hook fails every worker. The hook itself fails open where that could not be seen
-from here (integrations/ray_runtime_env.py).
+We stay out when the job already has a hook (Ray allows one), or when its runtime_env installs
+another Python environment. The hook fails open in a worker that cannot import the package
+(integrations/ray_runtime_env.py).
 
 Actor copies. `@ray.remote` builds a subclass and copies every method into it, each wrapped in a
 tracing closure that holds the function as it was when the decorator ran (ray.util.tracing.
@@ -199,14 +198,12 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     if submitted is not None and submitted.get("unreadable"):
         return kwargs
-    blockers = ray_runtime_env.blockers(runtime_env, submitted)  # can its workers import us?
-    if blockers:
+    if swapping := ray_runtime_env.env_swapping(runtime_env, submitted):
         warn_once(
             "ray-hook-env",
-            "te_offload_shim: the Ray job's workers could not import te_offload_shim: %s; "
-            "not adding the setup hook. Make the package importable there and pass "
-            "worker_process_setup_hook=%r yourself.",
-            "; ".join(blockers),
+            "te_offload_shim: the Ray job's runtime_env sets %s (another Python environment); not adding the "
+            "setup hook. Where te_offload_shim is installed there, pass worker_process_setup_hook=%r yourself.",
+            ", ".join(swapping),
             RAY_HOOK,
         )
         return kwargs
