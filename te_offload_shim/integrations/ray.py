@@ -31,7 +31,6 @@ from typing import Any
 
 from te_offload_shim._log import warn_once
 from te_offload_shim.engine import integration_hints, registry
-from te_offload_shim.integrations import ray_runtime_env
 
 # engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap:
 # the constants and the runtime_env rules here are read by `te-offload-shim status`
@@ -172,6 +171,8 @@ def _submitted_job_env() -> dict[str, Any] | None:
 def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`ray.init`'s keyword arguments with our hook added to the runtime_env, or unchanged (with a
     log line saying why) when the user or the submitted job already has a hook."""
+    from te_offload_shim.integrations import ray_runtime_env  # a driver's, once: not in every worker
+
     submitted = _submitted_job_env()
     runtime_env = kwargs.get("runtime_env")
     if runtime_env is None:
