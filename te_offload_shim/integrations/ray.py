@@ -2,10 +2,9 @@
 
 Workers. Where the shim is installed, `ray.init` gains a `worker_process_setup_hook` in its
 runtime_env, so every worker of the job, on every node, installs the shim before it runs a task.
-We stay out when the job already has a hook (Ray allows one), or when its runtime_env keeps the
-workers from importing the package (another Python environment, an import path without us): an
-unimportable hook fails every worker. The hook itself fails open where that could not be seen
-from here (integrations/ray_runtime_env.py).
+We stay out when the job already has a hook (Ray allows one), or when its runtime_env installs
+another Python environment. The hook fails open in a worker that cannot import the package
+(integrations/ray_runtime_env.py).
 
 Actor copies. `@ray.remote` builds a subclass and copies every method into it, each wrapped in a
 tracing closure that holds the function as it was when the decorator ran (ray.util.tracing.
@@ -32,7 +31,6 @@ from typing import Any
 
 from te_offload_shim._log import warn_once
 from te_offload_shim.engine import integration_hints, registry
-from te_offload_shim.integrations import ray_runtime_env
 
 # engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap:
 # the constants and the runtime_env rules here are read by `te-offload-shim status`
@@ -173,6 +171,8 @@ def _submitted_job_env() -> dict[str, Any] | None:
 def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`ray.init`'s keyword arguments with our hook added to the runtime_env, or unchanged (with a
     log line saying why) when the user or the submitted job already has a hook."""
+    from te_offload_shim.integrations import ray_runtime_env  # a driver's, once: not in every worker
+
     submitted = _submitted_job_env()
     runtime_env = kwargs.get("runtime_env")
     if runtime_env is None:
@@ -199,14 +199,12 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     if submitted is not None and submitted.get("unreadable"):
         return kwargs
-    blockers = ray_runtime_env.blockers(runtime_env, submitted)  # can its workers import us?
-    if blockers:
+    if swapping := ray_runtime_env.env_swapping(runtime_env, submitted):
         warn_once(
             "ray-hook-env",
-            "te_offload_shim: the Ray job's workers could not import te_offload_shim: %s; "
-            "not adding the setup hook. Make the package importable there and pass "
-            "worker_process_setup_hook=%r yourself.",
-            "; ".join(blockers),
+            "te_offload_shim: the Ray job's runtime_env sets %s (another Python environment); not adding the "
+            "setup hook. Where te_offload_shim is installed there, pass worker_process_setup_hook=%r yourself.",
+            ", ".join(swapping),
             RAY_HOOK,
         )
         return kwargs

@@ -55,11 +55,6 @@ def te_version() -> str | None:
     return None
 
 
-def module_present(name: str) -> bool:
-    """Whether the module's file exists, without importing it or its parents."""
-    return module_file(name) is not None
-
-
 def module_file(name: str) -> str | None:
     """The file the import system would load for `name` (a package's `__init__.py`), found without
     importing it or its parents; None when there is none."""

@@ -33,7 +33,7 @@ from te_offload_shim.te.graphs import cuda_graph_reason
 from te_offload_shim.te.layouts import LEGACY_ATTRS, WORKSPACES
 from te_offload_shim.te.primary import primary_weight_copies
 from te_offload_shim.te.report import CacheReport, ShimError, Skipped
-from te_offload_shim.te.walk import Names, Tree, walk
+from te_offload_shim.te.walk import Names, walk
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -128,14 +128,20 @@ def _process_chunk(
         modern, modern_dicts = _owned(modern, modern_dicts, param_ids, names, report)
         legacy, legacy_dicts = _owned(legacy, legacy_dicts, param_ids, names, report)
     _report_legacy(legacy, legacy_dicts, names, torch, report)
+    # Whether CUDA graphs may replay into this chunk's caches: decided once, for its workspaces and
+    # its primary weights' transposes alike (not knowing counts as graphed: what it reads is kept)
     try:
-        primary_weight_copies(
-            index, zip(modern, modern_dicts, strict=True), torch, report, clear, chunk, tree.graph_mark
+        graphs: str | Exception | None = (
+            None if _switches.force_with_cuda_graphs() else cuda_graph_reason(chunk, tree.graph_mark)
         )
+    except Exception as exc:
+        graphs = exc
+    try:
+        primary_weight_copies(index, zip(modern, modern_dicts, strict=True), torch, report, clear and graphs is None)
     except Exception as exc:  # the caches below are cleared all the same
         _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
     live, workspaces = _live(modern, modern_dicts, report)
-    if live and not _graphed(index, chunk, tree, names, workspaces, report):
+    if live and not _graphed(index, graphs, names, workspaces, report):
         taken.collect_entries(names, live, workspaces, clear, report)
 
 
@@ -179,13 +185,13 @@ def _live(modern: list[Any], dicts: list[dict], report: CacheReport) -> tuple[li
     return live, held
 
 
-def _graphed(index: int, chunk: Any, tree: Tree, names: Names, workspaces: list[Any], report: CacheReport) -> bool:
+def _graphed(
+    index: int, reason: str | Exception | None, names: Names, workspaces: list[Any], report: CacheReport
+) -> bool:
     """Whether this chunk's caches stay because CUDA graphs may replay into them (said once, and
-    reported); also when its graph settings cannot be read."""
-    try:
-        reason = None if _switches.force_with_cuda_graphs() else cuda_graph_reason(chunk, tree.graph_mark)
-    except Exception as exc:  # not knowing whether graphs replay into the caches: leave them
-        _unreadable(report, names.prefix, "reading its CUDA graph settings", exc)
+    reported); also when its graph settings could not be read (`reason` is what reading raised)."""
+    if isinstance(reason, Exception):
+        _unreadable(report, names.prefix, "reading its CUDA graph settings", reason)
         return True
     if reason is None:
         return False

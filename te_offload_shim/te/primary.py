@@ -10,10 +10,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from te_offload_shim import _switches
 from te_offload_shim._log import warn_once
 from te_offload_shim.te import sizes
-from te_offload_shim.te.graphs import cuda_graph_reason
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -55,12 +53,10 @@ def primary_weight_copies(
     torch: Any,
     report: CacheReport,
     clear: bool = False,
-    chunk: Any = None,
-    graph_mark: str | None = None,
 ) -> None:
     """Count the transpose / columnwise copies that FP8 primary weights of these TE layers carry;
-    when clearing, drop Float8Tensor transposes through TE's own API where TE rebuilds them
-    (TRANSPOSE_REBUILT_FROM), never under CUDA graphs."""
+    when clearing (the caller decides: never under CUDA graphs), drop Float8Tensor transposes
+    through TE's own API where TE rebuilds them (TRANSPOSE_REBUILT_FROM)."""
     plain = (torch.Tensor, torch.nn.Parameter)
     usual = {torch.Tensor, torch.nn.Parameter, type(None)}
     may_drop: bool | None = None if clear else False
@@ -81,9 +77,7 @@ def primary_weight_copies(
             report.primary_weight_params += 1
             fields = "/".join(f for f, c in zip(PRIMARY_WEIGHT_COPIES, copies, strict=True) if c is not None)
             if fields == "_transpose" and may_drop is None:
-                may_drop = _te_release() >= TRANSPOSE_REBUILT_FROM and (
-                    _switches.force_with_cuda_graphs() or cuda_graph_reason(chunk, graph_mark) is None
-                )
+                may_drop = _te_release() >= TRANSPOSE_REBUILT_FROM
             if fields == "_transpose" and may_drop and _drop_transpose(param, report):
                 report.primary_weight_cleared += sum(held.values())
                 continue

@@ -17,45 +17,23 @@ from typing import Any
 INNER_ATTRS = (
     # 1.x Float8Tensor (float8_tensor.py; `_transpose`, `_scale_inv` are properties over `_fp8_attrs`),
     # 2.0 - 2.8 Float8TensorBase (tensor/_internal), 2.9+ Float8TensorStorage (tensor/storage)
-    "_data",
-    "_transpose",
-    "_scale_inv",
+    *("_data", "_transpose", "_scale_inv"),
     # MXFP8, Float8Blockwise (2.3+), NVFP4 (2.8+): base and storage classes, same names throughout
-    "_rowwise_data",
-    "_columnwise_data",
-    "_rowwise_scale_inv",
-    "_columnwise_scale_inv",
-    "_amax_rowwise",
-    "_amax_columnwise",
-    # GroupedTensorStorage (2.13+, first cached in 2.19; public field names, no get_metadata)
-    "rowwise_data",
-    "columnwise_data",
-    "scale_inv",
-    "columnwise_scale_inv",
-    "amax",
-    "columnwise_amax",
-    "scale",
-    "first_dims",
-    "last_dims",
-    "tensor_offsets",
-    "quantized_tensors",  # views into rowwise_data / columnwise_data: same storages, counted once
+    *("_rowwise_data", "_columnwise_data", "_rowwise_scale_inv", "_columnwise_scale_inv"),
+    *("_amax_rowwise", "_amax_columnwise"),
+    # GroupedTensorStorage (2.13+, first cached in 2.19; public field names, no get_metadata);
+    # `quantized_tensors` are views into rowwise_data / columnwise_data: same storages, counted once
+    *("rowwise_data", "columnwise_data", "scale_inv", "columnwise_scale_inv", "amax", "columnwise_amax"),
+    *("scale", "first_dims", "last_dims", "tensor_offsets", "quantized_tensors"),
     # IdentityTensorStorage (2.19+, Hybrid custom recipes): the high-precision copy itself
     "_hp_data",
     # HybridQuantizedTensorStorage (2.19+): nested storages; DebugQuantizedTensor (2.3+): wrapped values
-    "_rowwise_storage",
-    "_columnwise_storage",
-    "rowwise_gemm_tensor",
-    "columnwise_gemm_tensor",
+    *("_rowwise_storage", "_columnwise_storage", "rowwise_gemm_tensor", "columnwise_gemm_tensor"),
 )
 # Any of these marks an object as a TE storage worth opening (a quantizer has none of them).
 STORAGE_MARKS = (
-    "_data",
-    "_rowwise_data",
-    "_columnwise_data",
-    "rowwise_data",
-    "_hp_data",
-    "_rowwise_storage",
-    "rowwise_gemm_tensor",
+    *("_data", "_rowwise_data", "_columnwise_data", "rowwise_data"),
+    *("_hp_data", "_rowwise_storage", "rowwise_gemm_tensor"),
 )
 MAX_DEPTH = 4  # how deep a value's nested storages are opened
 

@@ -1,7 +1,7 @@
 """The rule that decides whether `ray.init` gains our setup hook (integrations/ray_runtime_env.py
-`hook_blockers`, a pure function: one case per way a runtime_env can keep the workers from the
-package), and the hook itself: pickled by value, it loads and returns where the package is missing.
-The same cases on a real cluster: tests/hostile/test_ray_workers.py."""
+`env_swapping`: not where the workers get another Python environment), and the hook itself: pickled
+by value, it loads and returns where the package is missing. On a real cluster:
+tests/hostile/test_ray_workers.py."""
 
 from __future__ import annotations
 
@@ -12,82 +12,23 @@ from typing import Any
 import pytest
 from conftest import REPO
 from support.ray_session import bare_python, clean_env
-from support.set_up import needs
 
 from te_offload_shim.integrations import ray_runtime_env as rre
 
-CHECKOUT = "/src/checkout"  # where the driver imports te_offload_shim from, in these cases
-DRIVER = {"PYTHONPATH": f"{CHECKOUT}:/opt/libs", "HOME": "/home/me"}
 
-
-def _blockers(runtime_env: dict[str, Any], kind: str = "pythonpath", submitted: dict | None = None) -> list[str]:
-    # a package found in the script's folder is not on the driver's PYTHONPATH (or it would count as found there)
-    environ = {**DRIVER, "PYTHONPATH": "/opt/libs"} if kind == "script" else DRIVER
-    return rre.hook_blockers(runtime_env, submitted, rre.Origin(CHECKOUT, kind, environ))
-
-
-def _env_vars(**values: str) -> dict[str, Any]:
-    return {"env_vars": values}
+@pytest.mark.parametrize("field", rre.ENV_SWAPPING)
+def test_a_runtime_env_with_another_python_environment_keeps_the_hook_out(field: str) -> None:
+    assert rre.env_swapping({field: "x"}, None) == [field]
+    assert rre.env_swapping({}, {field: "x"}) == [field], "a submitted job's runtime_env counts too"
 
 
 @pytest.mark.parametrize(
-    ("runtime_env", "kind"),
-    [
-        ({}, "pythonpath"),  # workers inherit the driver's PYTHONPATH (a cluster ray.init starts here)
-        ({}, "site"),
-        (_env_vars(PYTHONPATH="/project"), "site"),  # site-packages does not move with PYTHONPATH
-        (_env_vars(PYTHONPATH=f"/project:{CHECKOUT}"), "pythonpath"),
-        (_env_vars(PYTHONPATH=f"{CHECKOUT}/"), "pythonpath"),  # the same folder, spelt otherwise
-        (_env_vars(PYTHONPATH="/project:${PYTHONPATH}"), "pythonpath"),  # Ray expands from the raylet's env
-        (_env_vars(PYTHONPATH="/project:$PYTHONPATH"), "pythonpath"),
-        ({**_env_vars(PYTHONPATH="/project"), "py_modules": [f"{CHECKOUT}/te_offload_shim"]}, "pythonpath"),
-        ({**_env_vars(PYTHONPATH="/project"), "working_dir": CHECKOUT}, "pythonpath"),
-        ({**_env_vars(PYTHONPATH="/project"), "py_modules": ["/other"]}, "pythonpath"),  # + the cluster's own path
-        (_env_vars(PYTHONPATH=CHECKOUT), "script"),  # a package in the driver's folder, given to the workers
-        ({"working_dir": "gcs://_ray_pkg_abc.zip"}, "script"),  # a submitted job runs inside its working_dir
-        (_env_vars(PYTHONNOUSERSITE="1"), "site"),  # only a user-site install is lost
-        (_env_vars(HOME="/elsewhere"), "pythonpath"),
-        (_env_vars(PYTHONUSERBASE="/home/me/.local"), "site"),
-        (_env_vars(TE_OFFLOAD_SHIM="0", OMP_NUM_THREADS="8"), "pythonpath"),
-    ],
+    "runtime_env",
+    [{}, {"env_vars": {"PYTHONPATH": "/project"}}, {"working_dir": "/src"}, {"pip": []}, {"env_vars": None}],
 )
-def test_workers_that_can_import_the_package_get_the_hook(runtime_env: dict[str, Any], kind: str) -> None:
-    assert _blockers(runtime_env, kind) == []
-
-
-@pytest.mark.parametrize(
-    ("runtime_env", "kind", "reason"),
-    [
-        (_env_vars(PYTHONPATH="/project"), "pythonpath", "env_vars PYTHONPATH='/project', without the folder"),
-        (_env_vars(PYTHONPATH="checkout"), "pythonpath", "env_vars PYTHONPATH='checkout', without"),  # relative
-        (_env_vars(PYTHONPATH="/project:${NOT_SET}"), "pythonpath", "env_vars PYTHONPATH='/project:${NOT_SET}'"),
-        ({}, "script", "a package found only in the script's folder or the current directory (/src/checkout)"),
-        (_env_vars(PYTHONPATH="/project"), "script", "env_vars PYTHONPATH='/project', without the folder"),
-        (_env_vars(PYTHONHOME="/opt/python"), "site", "env_vars PYTHONHOME='/opt/python' (another Python"),
-        (_env_vars(PYTHONNOUSERSITE="1"), "user-site", "env_vars PYTHONNOUSERSITE='1'"),
-        (_env_vars(PYTHONUSERBASE="/scratch/u"), "user-site", "env_vars PYTHONUSERBASE='/scratch/u', which moves"),
-        (_env_vars(HOME="/scratch/home"), "user-site", "env_vars HOME='/scratch/home', which moves the user site"),
-        ({"pip": ["torch"]}, "site", "runtime_env sets pip (another Python environment)"),
-        ({"py_executable": "/venvs/mcore/bin/python"}, "site", "runtime_env sets py_executable"),
-        ({"conda": "env"}, "site", "runtime_env sets conda"),
-    ],
-)
-def test_workers_that_cannot_import_the_package_keep_the_hook_out(
-    runtime_env: dict[str, Any], kind: str, reason: str
-) -> None:
-    found = _blockers(runtime_env, kind)
-    assert len(found) == 1 and found[0].startswith(reason), found
-
-
-def test_a_submitted_jobs_runtime_env_counts_and_ray_inits_env_vars_win() -> None:
-    assert _blockers({}, submitted=_env_vars(PYTHONPATH="/project"))[0].startswith("env_vars PYTHONPATH='/project'")
-    assert _blockers(_env_vars(PYTHONPATH=CHECKOUT), submitted=_env_vars(PYTHONPATH="/project")) == []
-    assert _blockers({}, submitted={"uv": ["x"]}) == ["runtime_env sets uv (another Python environment)"]
-
-
-def test_odd_values_give_an_answer_not_an_error() -> None:
-    assert _blockers({"env_vars": None, "py_modules": None}) == []
-    assert _blockers({"env_vars": {"PYTHONPATH": 7}})[0].startswith("env_vars PYTHONPATH='7'")
+def test_any_other_runtime_env_gets_the_hook(runtime_env: dict[str, Any]) -> None:
+    """A PYTHONPATH without us, a working_dir: the hook fails open in the worker (the last test)."""
+    assert rre.env_swapping(runtime_env, None) == []
 
 
 def test_our_hook_is_recognised_by_name_and_by_value() -> None:
@@ -119,18 +60,3 @@ def test_the_hook_pickles_by_value_and_fails_open_where_the_package_is_missing(t
     )  # fmt: skip
     assert there.returncode == 0 and there.stderr == "", there.stderr
     assert there.stdout.splitlines() == ["returned", "installed True", "ray route True"]
-
-
-@pytest.mark.subprocess()
-def test_a_package_installed_here_counts_as_site_packages_though_pythonpath_finds_it_first() -> None:
-    """This test's interpreter imports the package from this checkout on PYTHONPATH; this venv's
-    (editable) install gives it to the workers of a cluster running this interpreter all the same."""
-    from importlib import metadata
-
-    try:
-        installed = bool(metadata.distribution("te-offload-shim"))
-    except metadata.PackageNotFoundError:
-        installed = False
-    needs(installed, "te-offload-shim is not installed in this environment (only on PYTHONPATH)")
-    found = rre.origin()
-    assert found.root == str(REPO) and found.kind == "site"

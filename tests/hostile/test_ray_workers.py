@@ -3,15 +3,14 @@ ray_session.py: the cluster's interpreter does not have the package; the driver 
 PYTHONPATH, as with a checkout or a `pip install --target` folder). Each ran without the shim and
 died with it, because Ray kills a worker whose setup hook cannot be imported:
 
-- the job's `env_vars` set PYTHONPATH to something else (`{"PYTHONPATH": "/project"}`): the driver
-  now sees it, keeps the hook out and says why;
+- the job's `env_vars` set PYTHONPATH to something else (`{"PYTHONPATH": "/project"}`);
 - the cluster was started without the driver's PYTHONPATH, and the job does not pass it on;
 - one actor's own runtime_env moves its import path (NeMo-RL gives each worker class its own
   runtime_env), which the driver's `ray.init` cannot see;
 - the package sits in the driver's current directory (`python -m ...` in a checkout), which Ray
   adds to a worker's path only after the setup hook.
 
-The last three are caught by the hook itself: it is shipped by value and fails open, so such a
+Each is caught by the hook itself: it is shipped by value and fails open, so such a
 worker runs its tasks without the shim and says so in one line.
 """
 
@@ -23,19 +22,15 @@ from conftest import REPO
 from support.ray_session import Cluster, drive
 
 
-def test_env_vars_that_move_pythonpath_keep_the_hook_out_and_say_why(ray_cluster: Cluster, tmp_path: Path) -> None:
+def test_env_vars_that_move_pythonpath_run_the_job_without_the_shim(ray_cluster: Cluster, tmp_path: Path) -> None:
     project = tmp_path / "project"
     project.mkdir()
     args = {"shim": True, "runtime_env": {"env_vars": {"PYTHONPATH": str(project)}}, "actors": [None]}
-    r, err = drive(ray_cluster, args)
+    r, _ = drive(ray_cluster, args)
     (report,) = r["reports"]
     assert report.get("answer") == 42, f"the job must run as it does without the shim: {report}"
-    assert report["hook_env"] is None and report["loaded"] is False, "no hook where the workers cannot import it"
-    assert (
-        "te_offload_shim: the Ray job's workers could not import te_offload_shim: "
-        f"env_vars PYTHONPATH='{project}', without the folder where te_offload_shim is imported from here ({REPO}); "
-        "not adding the setup hook."
-    ) in err
+    assert report["hook_env"].startswith("ray_runtime_env_func::"), "the hook was added, and failed open"
+    assert report["loaded"] is False
 
 
 def test_a_cluster_without_the_drivers_pythonpath_runs_the_job_without_the_shim(ray_cluster: Cluster) -> None:
@@ -62,8 +57,7 @@ def test_an_actor_whose_own_runtime_env_moves_pythonpath_runs_without_the_shim(
 
 def test_a_package_found_only_in_the_drivers_current_directory(ray_cluster: Cluster) -> None:
     args = {"shim": True, "runtime_env": {}, "actors": [None]}
-    r, err = drive(ray_cluster, args, pythonpath=None, cwd=REPO, module=True)  # python -m tests.support.ray_driver
+    r, _ = drive(ray_cluster, args, pythonpath=None, cwd=REPO, module=True)  # python -m tests.support.ray_driver
     (report,) = r["reports"]
     assert report.get("answer") == 42, f"the job must run as it does without the shim: {report}"
-    assert report["hook_env"] is None
-    assert f"a package found only in the script's folder or the current directory ({REPO})" in err
+    assert report["hook_env"].startswith("ray_runtime_env_func::"), "the hook was added, and failed open"

@@ -1,0 +1,93 @@
+"""Issue 35's budgets, in code lines (scripts/codelines.py: comments and docstrings not counted):
+what a training process loads, measured on a real one, and the whole package."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from support.verl_case import ENGINE
+
+# scripts/codelines.py by its path: verl's release folder on a child's path has a `scripts` of its own
+_spec = importlib.util.spec_from_file_location(
+    "codelines", Path(__file__).resolve().parents[2] / "scripts/codelines.py"
+)
+assert _spec is not None and _spec.loader is not None
+codelines = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(codelines)
+RUNTIME_BUDGET, PACKAGE_BUDGET, code_lines = codelines.RUNTIME_BUDGET, codelines.PACKAGE_BUDGET, codelines.code_lines
+# What a person runs, never a training process (pyproject.toml's contract "the runtime imports none
+# of the tools" keeps the runtime's imports away from them)
+# Until the budgets are met (issue 35: the import hook's rewrite is to bring the rest), a strict xfail:
+# it turns into a failure the day they are met, so that the mark goes then. In the suite's process
+# only: a child that ran the test reports its failure to it.
+OVER_BUDGET = pytest.mark.xfail(
+    "TEST_SUBPROCESS_NODEID" not in os.environ,
+    strict=True,
+    reason="issue 35: over budget until the import hook's rewrite lands",
+)
+TOOLS = (
+    "te_offload_shim.__main__",
+    "te_offload_shim.cli",
+    "te_offload_shim.health",
+    "te_offload_shim.activation.pth",
+    "te_offload_shim.integrations.discover",
+    "te_offload_shim.integrations.versions",
+)
+# Runtime, loaded only when asked for (`residue()`, TE_OFFLOAD_SHIM_AUDIT): not by a plain training run
+ON_REQUEST = ("te_offload_shim.reports.residue", "te_offload_shim.reports.process_memory")
+
+
+def loaded_package_files() -> dict[str, int]:
+    """The package's modules this interpreter loaded, with their code lines."""
+    return {
+        name: code_lines(module.__file__)
+        for name, module in sorted(sys.modules.items())
+        if (name == "te_offload_shim" or name.startswith("te_offload_shim.")) and getattr(module, "__file__", None)
+    }
+
+
+def _a_training_process() -> dict[str, int]:
+    """The shim imported first, then verl 0.8.0's engine and TE 2.20.2 (on the twin) with a Megatron
+    GPT in DDP: one FP8 training step and verl's real offload, cleared by the shim. The package's
+    modules it loaded, with their code lines."""
+    import te_offload_shim
+    from harness import gpt_on_twin as gpt
+
+    gpt.load("2.20.2")
+    caller = importlib.import_module(ENGINE)
+    ddp = gpt.build("hybrid", layers=1, recipe="delayed", bf16=False)
+    gpt.train_step(ddp, 0)
+    caller.offload_megatron_model_to_cpu([ddp])
+    assert te_offload_shim.stats()["entries"] == 4, "the offload was cleared"
+    loaded = loaded_package_files()
+    print(
+        f"{len(loaded)} modules, {sum(loaded.values())} code lines:",
+        *(f"{n}: {c}" for n, c in loaded.items()),
+        sep="\n  ",
+    )
+    return loaded
+
+
+@pytest.mark.subprocess(verl="0.8.0", timeout=300)
+def test_a_training_process_loads_no_tool() -> None:
+    loaded = _a_training_process()
+    assert not set(TOOLS) & loaded.keys(), "a training process loads no tool"
+    assert not set(ON_REQUEST) & loaded.keys(), "nor a report it did not ask for"
+
+
+@OVER_BUDGET
+@pytest.mark.subprocess(verl="0.8.0", timeout=300)
+def test_what_a_training_process_loads_is_within_its_budget() -> None:
+    total = sum(_a_training_process().values())
+    assert total <= RUNTIME_BUDGET, f"the runtime is {total} code lines, over its budget of {RUNTIME_BUDGET}"
+
+
+@OVER_BUDGET
+def test_the_package_within_its_budget() -> None:
+    total = sum(code_lines(p) for p in codelines.package_files())
+    assert total <= PACKAGE_BUDGET, f"the package is {total} code lines, over its budget of {PACKAGE_BUDGET}"
