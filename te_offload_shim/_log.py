@@ -25,7 +25,18 @@ PREFIX = "te_offload_shim: "
 
 _warned: set[str] = kept(globals(), "_warned", set)  # the state of this module outlives a reload
 _lock = kept(globals(), "_lock", Lock)
-_own: logging.Handler = kept(globals(), "_own", lambda: logging.StreamHandler(sys.stderr))
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """sys.stderr as it is when a line is written (a test's capture, a redirection made later)."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    stream = property(lambda self: sys.stderr)  # type: ignore[assignment]
+
+
+_own: logging.Handler = kept(globals(), "_own", _Stderr)
 if _switches.log_level() is not None:
     logger.setLevel(_switches.log_level() or 0)
 

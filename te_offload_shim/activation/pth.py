@@ -133,6 +133,8 @@ def disable(site_dir: str | None = None) -> tuple[str, str]:
     """Remove the .pth file; returns (what happened, path). Idempotent. Raises SiteError with a
     one-line reason (a read-only site, a `site_dir` that is not a directory)."""
     path = os.path.join(_site_directory(site_dir), PTH_NAME)
+    if not os.path.lexists(path):  # asked first: on a read-only mount, removing a missing file is EROFS
+        return "already disabled", path
     try:
         os.remove(path)
     except FileNotFoundError:

@@ -45,6 +45,15 @@ def _zero() -> dict[str, Any]:
 # Kept by a reload of this module (`kept`), like every counter of the package.
 _lock = kept(globals(), "_lock", Lock)
 _c: dict[str, Any] = kept(globals(), "_c", _zero)
+_at_exit: list[object] = kept(globals(), "_at_exit", list)
+
+
+def _counting() -> None:
+    """The stats file is written at exit too, in a process that counted anything (a wrapped call, a
+    flush the net saw): its last calls may have cleared nothing, and a process that never offloaded
+    (a tokenizer worker, the CLI) writes no file."""
+    if not _at_exit and os.environ.get(_switches.STATS):
+        _at_exit.append(atexit.register(write_file))
 
 
 def _first() -> int:
@@ -57,6 +66,7 @@ def _first() -> int:
 def count_table(name: str, report: CacheReport) -> int | None:
     """Count one wrapped call's clearing; returns the level of its line, None for no line."""
     level = None
+    _counting()
     with _lock:
         table, off = _c["table"], _c["caching_off"]
         table["calls"] += 1
@@ -90,6 +100,7 @@ def count_table(name: str, report: CacheReport) -> int | None:
 
 def count_net(report: CacheReport, caller: str) -> int | None:
     """Count one clearing of the flush net; returns the level of its line, None when it cleared nothing."""
+    _counting()
     with _lock:
         net = _c["net"]
         net["skipped"] += len(report.skipped)
@@ -108,11 +119,13 @@ def count_net(report: CacheReport, caller: str) -> int | None:
 
 def add(group: str, key: str) -> None:
     """One more of `key` (`errors`, `flushes`) in `group` ("table" or "net")."""
+    _counting()
     with _lock:
         _c[group][key] += 1
 
 
 def left_alone(name: str, reason: str) -> None:
+    _counting()
     with _lock:
         per = _c["left_alone"].setdefault(name, {})
         per[reason] = per.get(reason, 0) + 1
@@ -179,7 +192,3 @@ def write_file() -> None:
             template,
             exc,
         )
-
-
-if os.environ.get(_switches.STATS):  # the counts as the process ends (a process that cleared nothing: zeros)
-    atexit.register(write_file)
