@@ -94,14 +94,8 @@ def _say_if_inert(command: list[str], env: dict[str, str]) -> None:
         return
     missing = proc.stdout.split()
     if proc.returncode == 0 and missing:
-        what = (
-            "cannot import te_offload_shim: no shim"
-            if "te_offload_shim" in missing
-            else "has no wrapt: nothing patched"
-        )
-        print(
-            f"te-offload-shim run: {' '.join(python)} {what} in this command; it runs as without run", file=sys.stderr
-        )
+        why = "cannot import te_offload_shim" if "te_offload_shim" in missing else "has no wrapt: nothing is patched"
+        print(f"te-offload-shim run: {' '.join(python)} {why}; the command runs without the shim", file=sys.stderr)
 
 
 def _status(args: argparse.Namespace) -> int:
