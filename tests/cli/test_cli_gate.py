@@ -131,3 +131,18 @@ def test_disable_with_nothing_to_remove_on_a_read_only_mount(tmp_path: Path) -> 
     if "mount" in proc.stderr or "unshare" in proc.stderr:
         pytest.skip(f"cannot mount here: {proc.stderr.strip()}")
     assert (proc.returncode, proc.stdout) == (0, f"te-offload-shim: already disabled: {site}/te_offload_shim.pth\n")
+
+
+def test_run_says_when_the_commands_python_has_no_wrapt(tmp_path: Path) -> None:
+    """A venv that sees this checkout but not wrapt: the shim starts there and can patch nothing."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path)], check=True)
+    (site,) = tmp_path.glob("lib/python3.*/site-packages")
+    (site / "checkout.pth").write_text(f"{REPO}\n")
+    python = str(tmp_path / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON"))}
+    proc = subprocess.run([*SHIM, "run", "--", python, "-V"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.startswith("Python 3."), "the command runs, unchanged"
+    assert (
+        proc.stderr
+        == f"te-offload-shim run: {python} has no wrapt: nothing is patched; the command runs without the shim\n"
+    )
