@@ -210,9 +210,9 @@ def _path_entries(value: str | None) -> list[str]:
 
 def _our_ray_hook_ran() -> bool:
     """Whether the setup hook `ray.init` gained from the shim ran in this process (a Ray worker)."""
-    import sys
+    from te_offload_shim.activation import ray_worker  # its flag only: importing it runs nothing
 
-    return bool(getattr(sys.modules.get("te_offload_shim.activation.ray_worker"), "hook_ran", False))
+    return ray_worker.hook_ran
 
 
 def routes(environ: Any = None) -> dict[str, Any]:
