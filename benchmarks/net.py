@@ -67,7 +67,7 @@ print(json.dumps({
 def measure(te_layers: int, repeats: int) -> dict[str, Any]:
     from verl.utils.megatron_utils import _clear_te_fp8_weight_workspaces as reference
 
-    from te_offload_shim.engine import net
+    from te_offload_shim.engine import net, stats
     from te_offload_shim.te import layers, placement
 
     layers.forget_all()
@@ -78,7 +78,7 @@ def measure(te_layers: int, repeats: int) -> dict[str, Any]:
     for module in te_modules:
         layers.note(module)
     entries = sum(len(e) for _, e in refills)
-    before = net.totals()
+    before = stats.net_counts()[0]
 
     def refill() -> None:
         for ws, filled in refills:
@@ -92,7 +92,7 @@ def measure(te_layers: int, repeats: int) -> dict[str, Any]:
             raise AssertionError(f"verl's walk cleared {result} of {entries} entries")
 
     figures = ab(lambda: net._before_flush(LABEL), lambda: reference(root), repeats, refill, check)
-    after = net.totals()
+    after = stats.net_counts()[0]
     return {
         "te_layers": len(te_modules),
         "live_layers": layers.count(),

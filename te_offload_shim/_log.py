@@ -2,12 +2,18 @@
 
 Every log call of the package goes through `log` or `warn_once`: a handler or filter that raises
 (a "warnings are fatal" handler, a broken stream) must not escape into the wrapped offload or a
-target's import. A long run must not drown in repeated warnings either.
+target's import. A long run must not drown in repeated warnings either. Each line says the rank
+(`[rank N]`) in a distributed job, and names the shim once: by the application's `%(name)s` where
+its format has one, else by the message's own `te_offload_shim: `.
+
+`TE_OFFLOAD_SHIM_LOG=warning|info|debug` sets the logger's level, and gives it its own stderr
+handler while the application has configured none (with one, its handlers print the lines: one each).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
@@ -15,18 +21,67 @@ from te_offload_shim._reload import kept
 from te_offload_shim._signals import raised_by_signal_handler
 
 logger = logging.getLogger("te_offload_shim")
+PREFIX = "te_offload_shim: "
 
 _warned: set[str] = kept(globals(), "_warned", set)  # the state of this module outlives a reload
 _lock = kept(globals(), "_lock", Lock)
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """sys.stderr as it is when a line is written (a test's capture, a redirection made later)."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    stream = property(lambda self: sys.stderr)  # type: ignore[assignment]
+
+
+_own: logging.Handler = kept(globals(), "_own", _Stderr)
+if _switches.log_level() is not None:
+    logger.setLevel(_switches.log_level() or 0)
+
+
 def log(level: int, message: str, *args: object) -> None:
-    """`logger.log`, except that nothing a handler does can raise out of it."""
+    """`logger.log`, tagged with the rank, except that nothing a handler does can raise out of it."""
     try:
-        logger.log(level, message, *args)
+        if _switches.log_level() is not None:
+            _own_handler_if_none()
+        if not logger.isEnabledFor(level):
+            return
+        rank = _switches.rank()
+        body = message.removeprefix(PREFIX)
+        head = ("" if _names_shown() else PREFIX) + (f"[rank {rank}] " if rank is not None else "")
+        logger.log(level, head.replace("%", "%%") + body, *args)
     except Exception as exc:  # the application's logging is not ours to break, nor to let break us
         if raised_by_signal_handler(exc):
             raise  # but its signal handler's exception is its own, on its way to it
+
+
+def _handlers() -> list[logging.Handler]:
+    """The handlers a record of the shim's logger reaches, but ours."""
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        found += [h for h in current.handlers if h is not _own]
+        current = current.parent if current.propagate else None
+    return found
+
+
+def _names_shown() -> bool:
+    """Whether a handler the records reach prints the logger's name (`%(name)s`, `{name}`)."""
+    for handler in _handlers():
+        fmt = str(getattr(handler.formatter, "_fmt", "") or "")
+        if "%(name)" in fmt or "{name" in fmt:
+            return True
+    return False
+
+
+def _own_handler_if_none() -> None:
+    """TE_OFFLOAD_SHIM_LOG: our stderr handler while the application configured none, never beside one."""
+    if _handlers():
+        logger.removeHandler(_own)
+    elif _own not in logger.handlers:
+        logger.addHandler(_own)
 
 
 def warn_once(key: str, message: str, *args: object) -> bool:
@@ -46,11 +101,6 @@ def first_line_level() -> int:
     if logger.isEnabledFor(logging.INFO):
         return logging.INFO
     return logging.WARNING if _switches.rank() in (None, "0") else logging.INFO
-
-
-def rank_prefix() -> str:
-    rank = _switches.rank()
-    return f"[rank {rank}] " if rank else ""
 
 
 def human_bytes(n: int | None) -> str:

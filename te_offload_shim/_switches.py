@@ -10,6 +10,7 @@ module may read a switch (and `import te_offload_shim` can load it at start-up w
 """
 
 import os
+import sys
 
 _FALSE = {"0", "false", "no", "off"}
 _TRUE = {"1", "true", "yes", "on"}
@@ -22,6 +23,8 @@ FORCE_CUDA_GRAPHS = "TE_OFFLOAD_SHIM_FORCE_CUDA_GRAPHS"
 AUDIT = "TE_OFFLOAD_SHIM_AUDIT"
 NET = "TE_OFFLOAD_SHIM_NET"  # the flush net
 TE_GLOBALS = "TE_OFFLOAD_SHIM_TE_GLOBALS"
+LOG = "TE_OFFLOAD_SHIM_LOG"  # warning|info|debug: the shim's own log level (and stderr handler)
+STATS = "TE_OFFLOAD_SHIM_STATS"  # a path ({rank}, {pid}): stats() as JSON after each clearing and at exit
 # Every switch the package reads, and the one list of them: what `status` shows, and what each
 # TE_OFFLOAD_SHIM* name set in the environment is checked against (a name not here does nothing, and
 # is warned about: `TE_OFFLOAD_SHIM_DISABLED=verl` would otherwise leave verl patched in silence).
@@ -34,7 +37,13 @@ ALL_SWITCHES = (
     AUDIT,
     NET,
     TE_GLOBALS,
+    LOG,
+    STATS,
 )
+LOG_LEVELS = {"warning": 30, "info": 20, "debug": 10}
+# Where launchers put the process's global rank: torchrun (and Ray's verl workers), then Slurm's
+# srun, Open MPI's mpirun, MPICH/Intel MPI's PMI.
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -150,6 +159,9 @@ def switch_problems(names: tuple[str, ...]) -> list[str]:
             problems.append(
                 f"{switch}={os.environ[switch]!r} is not 1/0 (true/false, yes/no, on/off); it stays {default}"
             )
+    value = os.environ.get(LOG, "").strip()
+    if value and value.lower() not in LOG_LEVELS:
+        problems.append(f"{LOG}={value!r} is not warning, info or debug; the shim's logging is left as it is")
     for name in sorted(disabled_targets() - {"*"}):
         if not any(covers(name, n) for n in names):
             problems.append(f"{DISABLE} names {name!r}, which is no target (known: {', '.join(names)})")
@@ -160,8 +172,20 @@ def user_targets() -> str:
     return os.environ.get(TARGETS, "")
 
 
+def log_level() -> int | None:
+    """The level TE_OFFLOAD_SHIM_LOG names (warning, info, debug), else None."""
+    return LOG_LEVELS.get(os.environ.get(LOG, "").strip().lower())
+
+
 def rank() -> str | None:
-    """The process's rank as the launcher set it (torchrun, Slurm via torchrun, Ray's verl workers):
-    `RANK`, or None outside a distributed job."""
-    value = os.environ.get("RANK", "").strip()
-    return value or None
+    """The process's global rank: the first of `RANK_VARIABLES` set, else torch.distributed's when
+    it is initialised (read only where torch is imported already), else None (no distributed job)."""
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "").strip()
+        if value:
+            return value
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return str(dist.get_rank()) if dist is not None and dist.is_initialized() else None
+    except Exception:  # a torch without distributed support, or one being torn down
+        return None

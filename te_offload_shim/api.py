@@ -12,7 +12,6 @@ framework.
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING
 
 import te_offload_shim as _shim
@@ -44,9 +43,9 @@ def _restore(unwatch_error: BaseException | None) -> int:
             "uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", unwatch_error
         )
     restored, errors = registry.deactivate()
-    net = sys.modules.get("te_offload_shim.engine.net")
-    if net is not None:  # loaded only where the flush net armed
-        net.disarmed()
+    from te_offload_shim.engine import net
+
+    net.disarmed()
     for error in errors:
         warn_once(f"uninstall:{error}", "te_offload_shim: uninstall could not restore %s", error)
     return restored
@@ -73,12 +72,10 @@ def patch_target_module(module: ModuleType) -> None:
 
 
 def status() -> Status:
-    """What this process has: switches, and for each target whether it is imported and patched."""
-    failures: dict[str, tuple[str, int, bool]] = {}
-    if _shim.installed():
-        firing = _shim._load_post_import()
-        firing.sweep(occasion=True)  # a later occasion: callbacks that raised run again
-        failures = firing.failures()
+    """What this process has: switches, and for each target whether it is imported and patched.
+    Reads only: it never patches (a target module whose callback raised is retried by the import
+    hook at its next occasion, not here)."""
+    failures = _shim._load_post_import().failures() if _shim.installed() else {}
     from te_offload_shim.engine.status import status as status_
 
     installed, _, problems, hook_errors = _shim._state()

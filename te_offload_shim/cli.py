@@ -1,4 +1,4 @@
-"""`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, discover, startup-file.
+"""`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, stats, discover, startup-file.
 
 Parses the command line and dispatches; what `status` gathers, judges and prints is the health model
 (health.py). Importing this module imports the package, which installs the shim in the CLI's own
@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from te_offload_shim import health
@@ -58,6 +59,7 @@ def _run(args: argparse.Namespace) -> int:
         # Prepended, the user's entries kept as they were (an empty PYTHONPATH stays without a
         # trailing separator: an empty entry would put the current directory on sys.path).
         env["PYTHONPATH"] = bootstrap + (os.pathsep + previous if previous else "")
+    _say_if_inert(command, env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -66,6 +68,34 @@ def _run(args: argparse.Namespace) -> int:
         print(f"te-offload-shim run: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         return 127
     return 0  # pragma: no cover - execvpe does not return
+
+
+def _say_if_inert(command: list[str], env: dict[str, str]) -> None:
+    """One stderr line when the command's Python (the command itself, or its script's `#!` line)
+    cannot import the package, or wrapt: it then runs without the shim, as it would without `run`."""
+    import shutil
+    import subprocess
+
+    program = shutil.which(command[0], path=env.get("PATH")) or command[0]
+    python: list[str] = [program]
+    if not os.path.basename(program).startswith("python"):
+        try:
+            with open(program, "rb") as file:
+                line = file.readline(256).decode("utf-8", "replace")
+        except OSError:
+            return
+        if not line.startswith("#!") or "python" not in line:
+            return  # not a Python program (a shell script, a binary): nothing to ask
+        python = line[2:].split()
+    probe = "import importlib.util as u;print(*[n for n in ('te_offload_shim','wrapt') if not u.find_spec(n)])"
+    try:
+        proc = subprocess.run([*python, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return
+    missing = proc.stdout.split()
+    if proc.returncode == 0 and missing:
+        why = "cannot import te_offload_shim" if "te_offload_shim" in missing else "has no wrapt: nothing is patched"
+        print(f"te-offload-shim run: {' '.join(python)} {why}; the command runs without the shim", file=sys.stderr)
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -77,7 +107,35 @@ def _status(args: argparse.Namespace) -> int:
     if not report["healthy"]:
         print(f"te-offload-shim: unhealthy: {report['problems'][0]}", file=sys.stderr)
         return 1
+    if args.strict and report["strict_failures"]:
+        print(f"te-offload-shim: --strict: {'; '.join(report['strict_failures'])}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    """Sum the stats files of a job's processes (TE_OFFLOAD_SHIM_STATS): every count added up."""
+    documents = []
+    for path in args.files:
+        try:
+            with open(path, encoding="utf-8") as file:
+                documents.append(json.load(file))
+        except (OSError, ValueError) as exc:
+            print(f"te-offload-shim stats: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
+    total = _summed(documents)
+    total.pop("audit", None)  # one process's report: no sum
+    print(json.dumps({"processes": len(documents), **total}, indent=2))
+    return 0
+
+
+def _summed(values: list[Any]) -> Any:
+    """Numbers added, dictionaries key by key; anything else dropped (None)."""
+    dicts = [v for v in values if isinstance(v, dict)]
+    if dicts:
+        return {k: _summed([d.get(k) for d in dicts]) for k in dict.fromkeys(k for d in dicts for k in d)}
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return sum(numbers) if numbers else None
 
 
 def _startup_file(args: argparse.Namespace) -> int:
@@ -88,6 +146,11 @@ def _startup_file(args: argparse.Namespace) -> int:
 def _discover(args: argparse.Namespace) -> int:
     from te_offload_shim.integrations import discover
 
+    missing = [p for p in args.paths if not os.path.exists(p)]
+    if missing:  # never "0 not covered" for a path that is not there
+        read = sum(1 for p in args.paths if p not in missing for _ in discover.files_under(Path(p)))
+        print(f"te-offload-shim discover: no such path: {', '.join(missing)} ({read} files read)", file=sys.stderr)
+        return 2
     skipped: list[str] = []
     candidates = discover.discover(args.paths, skipped)
     if args.verbose:
@@ -104,19 +167,19 @@ _COMMANDS = {
     "enable": "write te_offload_shim.pth into site-packages: every start of this interpreter activates the shim",
     "disable": "remove te_offload_shim.pth",
     "run": "run CMD with the shim active in it and in every Python process below it (PYTHONPATH bootstrap)",
-    "status": "versions, targets, activation routes; exit 1 when unhealthy",
+    "status": "versions, targets, activation routes; exit 1 when unhealthy (--strict: also when not in force here)",
+    "stats": "sum the TE_OFFLOAD_SHIM_STATS files of a job's processes (JSON)",
     "discover": "find offload functions the table does not cover (reads source, imports nothing)",
     "startup-file": "print the path of the PYTHONSTARTUP file (interactive sessions only)",
 }
 
 
 def _parser() -> argparse.ArgumentParser:
-    from te_offload_shim import __version__
 
     parser = argparse.ArgumentParser(
         prog="te-offload-shim", description="Activate te_offload_shim in every Python process, and check it."
     )
-    parser.add_argument("--version", action="version", version=f"te-offload-shim {__version__}")
+    parser.add_argument("-V", "--version", action="version", version=f"te-offload-shim {version_text()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str) -> argparse.ArgumentParser:
@@ -137,7 +200,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--import", dest="do_import", action="store_true", help="import the targets here and report what got patched"
     )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="a gate: exit 1, saying why, when no activation route is in force, a warning stands, or a target "
+        "importable here cannot be patched",
+    )
     p.set_defaults(func=_status)
+    p = command("stats")
+    p.add_argument("files", nargs="+", metavar="FILE", help="the JSON files TE_OFFLOAD_SHIM_STATS wrote")
+    p.set_defaults(func=_stats)
     p = command("discover")
     p.add_argument("paths", nargs="*", metavar="PATH", help="folders or files (default: installed distributions)")
     p.add_argument("--json", action="store_true", help="every candidate, covered ones included, as JSON")
@@ -149,10 +221,35 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def version_text() -> str:
+    """`0.7.0.dev0`, with the commit when the package runs from a git checkout (`(commit abc1234)`)."""
+    import subprocess
+
+    from te_offload_shim import __version__
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.exists(os.path.join(root, ".git")):
+        return __version__
+    try:
+        command = ["git", "-C", root, "rev-parse", "--short", "HEAD"]
+        commit = subprocess.run(command, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{__version__} (commit {commit})" if commit else __version__
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     with _any_path_printable():
-        return int(args.func(args))
+        try:
+            code = int(args.func(args))
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            # `status --all | head -3`: the reader has what it wanted. Quiet, exit 0, as pip does; stdout
+            # pointed at /dev/null so that the interpreter's own flush at exit does not fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """The health model: what `te-offload-shim status` gathers, how it judges it, and how it prints it.
 
-`collect()` builds the report (a JSON-able dict: `status --json` prints it as it is), `assess()`
-judges it into problems (unhealthy: `status` exits 1) and warnings, `print_report()` writes the
-human form. The judging is data: `CHECKS` over the whole report, and per kind of row (`ROW_CHECKS`:
+`collect()` builds the report (a JSON-able dict: `status --json` prints it as it is, with its
+`schema_version`), `assess()` judges it into problems (unhealthy: `status` exits 1) and warnings,
+`strict_failures()` says why `status --strict` fails the gate, `print_report()` writes the human
+form. The judging is data: `CHECKS` over the whole report, and per kind of row (`ROW_CHECKS`:
 the report key holding the rows, and the checks each row goes through), so that a new kind of row
 is its key in `collect()`, its checks and its section in `SECTIONS`. The CLI parses and dispatches.
 
@@ -21,6 +22,7 @@ from typing import Any
 from te_offload_shim import _switches
 from te_offload_shim.activation import pth
 
+SCHEMA_VERSION = 2  # of `status --json`: 2 added schema_version, strict_failures, status()'s keys in every row
 PROBLEM = "problem"  # the report is unhealthy: `status` exits 1
 WARNING = "warning"  # said, and `status` still exits 0
 Finding = tuple[str, str]  # (PROBLEM or WARNING, what to say)
@@ -39,16 +41,15 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     targets = all_targets()
     rows = [versions.target_row(t, enabled) for t in targets]
     import_errors, import_output = _import_targets(rows) if do_import else ({}, [])
-    if do_import:
-        live = {r["name"]: r for r in te_offload_shim.status()["targets"]}
-        for row in rows:
-            module = row["target"].partition(":")[0]
-            for key in ("imported", "state", "detail", "layers"):
-                row[key] = live[row["name"]][key]
-            row["import_error"] = import_errors.get(module)
     shim = te_offload_shim.status()
+    live = {r["name"]: r for r in shim["targets"]}
+    for row in rows:  # a row of status() (engine/states.py's TargetRow), and what is installed
+        row.update(live[row["name"]])
+        if do_import:
+            row["import_error"] = import_errors.get(row["target"].partition(":")[0])
     found = versions.versions()
     report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
         "shim": {
             "version": te_offload_shim.__version__,
             "path": os.path.dirname(os.path.abspath(te_offload_shim.__file__)),
@@ -83,7 +84,20 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     report["healthy"] = not problems
     report["problems"] = problems
     report["warnings"] = warnings
+    report["strict_failures"] = strict_failures(report)
     return report
+
+
+def strict_failures(report: dict[str, Any]) -> list[str]:
+    """Why `status --strict` fails: no activation route in force for this interpreter (the CLI's own
+    import of the package is no route), any warning, a target present here that would not be patched."""
+    failures = [f"warning: {w}" for w in report["warnings"]]
+    if report["routes"]["in_force"].startswith("none"):
+        failures.insert(0, "no activation route is in force for this interpreter (te-offload-shim enable, or run)")
+    for row in report["targets"]:
+        if row["present"] and not row["would_be_patched"] and not row["disabled"] and row["fixed_upstream"] is not True:
+            failures.append(f"{row['name']}: importable here and would not be patched ({row['state']})")
+    return failures
 
 
 def _disabled_by(names: list[str]) -> dict[str, list[str]]:
@@ -223,6 +237,11 @@ def _switched_off(report: dict[str, Any]) -> Iterator[Finding]:
         yield WARNING, f"every target is switched off by {_switches.DISABLE}=*: nothing is patched"
 
 
+def _bad_values(report: dict[str, Any]) -> Iterator[Finding]:
+    # `TE_OFFLOAD_SHIM=maybe`, `TE_OFFLOAD_SHIM_DISABLE=verll`: the shim goes on as the default says
+    yield from ((WARNING, p) for p in _switches.switch_problems(tuple(r["name"] for r in report["targets"])))
+
+
 def _unknown_switches(report: dict[str, Any]) -> Iterator[Finding]:
     # A warning, not a problem: the shim itself works as the known switches say; the name does nothing.
     from te_offload_shim.integrations.user_targets import unknown_switch_text
@@ -314,6 +333,7 @@ def _rows(report: dict[str, Any]) -> Iterator[Finding]:
 # The checks over the whole report, in the order their findings are listed.
 CHECKS: tuple[Callable[[dict[str, Any]], Iterable[Finding]], ...] = (
     _switched_off,
+    _bad_values,
     _unknown_switches,
     _wrapt,
     _declared,
@@ -354,7 +374,9 @@ def _fixed(row: dict[str, Any]) -> str:
 def _print_shim(report: dict[str, Any], show_all: bool) -> None:
     shim = report["shim"]
     print(f"te-offload-shim {shim['version']} ({shim['path']})")
-    print(f"  enabled: {_yes(shim['enabled'])}   strict: {_yes(shim['strict'])}")
+    # `enabled` is the switch, not the state: where the shim acts is `in force here` below
+    on = "on" if shim["enabled"] else "off: the shim does nothing in any process"
+    print(f"  switch {_switches.ENABLE}: {on}   strict: {_yes(shim['strict'])}")
     print(f"  python {report['python']['version']} ({report['python']['executable']})")
     print("versions:")
     for name, value in report["versions"].items():
@@ -372,7 +394,7 @@ def _print_targets(report: dict[str, Any], show_all: bool) -> None:
     print("targets:")
     header = ["target", "present", "version", "supported", "fixed upstream", "would be patched", "disabled"]
     if report["imported"]:
-        header += ["state", "layers"]
+        header += ["state", "shim wrappers"]  # `layers` in JSON: our wrappers on the attribute, 1 when patched
     table = [header]
     # What is here (and what would be patched) first; the many targets of frameworks this
     # environment does not have, one line (every row: --all, or --json).

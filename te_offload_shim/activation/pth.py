@@ -133,6 +133,8 @@ def disable(site_dir: str | None = None) -> tuple[str, str]:
     """Remove the .pth file; returns (what happened, path). Idempotent. Raises SiteError with a
     one-line reason (a read-only site, a `site_dir` that is not a directory)."""
     path = os.path.join(_site_directory(site_dir), PTH_NAME)
+    if not os.path.lexists(path):  # asked first: on a read-only mount, removing a missing file is EROFS
+        return "already disabled", path
     try:
         os.remove(path)
     except FileNotFoundError:
@@ -208,9 +210,9 @@ def _path_entries(value: str | None) -> list[str]:
 
 def _our_ray_hook_ran() -> bool:
     """Whether the setup hook `ray.init` gained from the shim ran in this process (a Ray worker)."""
-    import sys
+    from te_offload_shim.activation import ray_worker  # its flag only: importing it runs nothing
 
-    return bool(getattr(sys.modules.get("te_offload_shim.activation.ray_worker"), "hook_ran", False))
+    return ray_worker.hook_ran
 
 
 def routes(environ: Any = None) -> dict[str, Any]:

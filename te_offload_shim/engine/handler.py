@@ -15,11 +15,11 @@ from types import FunctionType, MethodType
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
-from te_offload_shim._locks import Lock, held_here
-from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
+from te_offload_shim._locks import held_here
+from te_offload_shim._log import human_bytes, log, warn_once
 from te_offload_shim._reload import kept
 from te_offload_shim._signals import raised_by_signal_handler
-from te_offload_shim.engine import integration_hints, registry
+from te_offload_shim.engine import integration_hints, registry, stats
 from te_offload_shim.te import caches, process_globals
 from te_offload_shim.te.caching_off import describe
 from te_offload_shim.te.chunks import as_chunks
@@ -31,122 +31,33 @@ if TYPE_CHECKING:
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.engine.schema import Target
 
-# The state below outlives a reload of this module (`kept`), or stats() would lose its counts.
-_lock = kept(globals(), "_lock", Lock)
+# The state below outlives a reload of this module (`kept`); the counters are engine/stats.py's.
 _inside = kept(globals(), "_inside", threading.local)
-
-
-def _zero_totals() -> dict[str, Any]:
-    return {
-        "calls": 0,
-        "cleared_calls": 0,
-        "entries": 0,
-        "modules": 0,
-        "bytes": 0,
-        "released_bytes": 0,
-        "skipped": 0,
-        "errors": 0,
-        "primary_weight_bytes": 0,  # FP8 primary weights' transpose/columnwise copies seen at the last call
-    }
-
-
-_totals: dict[str, Any] = kept(globals(), "_totals", _zero_totals)
-_by_target: dict[str, dict[str, int]] = kept(globals(), "_by_target", dict)
-# target -> the reason its skip rule gave -> calls left alone
-_left: dict[str, dict[str, int]] = kept(globals(), "_left", dict)
-# TE layers whose caching is off by configuration, by reason, at the last call
-_caching_off: dict[str, int] = kept(globals(), "_caching_off", dict)
-# the same, per target, at that target's last call (its status row says why it cleared nothing)
-_caching_off_by_target: dict[str, dict[str, int]] = kept(globals(), "_caching_off_by_target", dict)
-_announced: bool = kept(globals(), "_announced", bool)
-# the reasons "caching is off" was said for at the first clearing's log level
-_said_off: set[str] = kept(globals(), "_said_off", set)
-
-
-def totals() -> dict[str, Any]:
-    """The counters of every wrapped call so far (engine.status.stats() adds the latest audit)."""
-    with _lock:
-        result = dict(_totals)
-        result["by_target"] = {k: dict(v) for k, v in _by_target.items()}
-        result["left_alone"] = {k: dict(v) for k, v in _left.items()}
-        result["caching_off"] = dict(_caching_off)
-    result["te_globals"] = process_globals.totals()  # TE_OFFLOAD_SHIM_TE_GLOBALS
-    return result
-
-
-def reset_stats() -> None:
-    global _announced
-    with _lock:
-        for key in _totals:
-            _totals[key] = 0
-        _by_target.clear()
-        _left.clear()
-        _caching_off.clear()
-        _caching_off_by_target.clear()
-        _said_off.clear()
-        _announced = False
-    process_globals.reset()
-
-
-def caching_off_at_last_call(name: str) -> dict[str, int]:
-    """`{reason: TE layers}` whose caching was off by configuration at target `name`'s last call,
-    when that call cleared nothing; empty otherwise."""
-    with _lock:
-        return dict(_caching_off_by_target.get(name, {}))
 
 
 def _left_alone(target: Target, reason: str) -> None:
     """A call the target's skip rule left alone: counted under its reason, logged at debug level
     (a skip is expected behaviour, and an offload can run every step)."""
-    with _lock:
-        per = _left.setdefault(target.name, {})
-        per[reason] = per.get(reason, 0) + 1
+    stats.left_alone(target.name, reason)
     log(10, "te_offload_shim: %s: left alone: %s", target.path, reason)
 
 
 def _count_clearing(target: Target, report: caches.CacheReport) -> None:
-    global _announced
-    with _lock:
-        _totals["calls"] += 1
-        per = _by_target.setdefault(target.name, {"calls": 0, "entries": 0, "bytes": 0})
-        per["calls"] += 1
-        _totals["skipped"] += len(report.skipped)
-        _totals["errors"] += len(report.errors)
-        _totals["primary_weight_bytes"] = report.primary_weight_bytes
-        _caching_off.clear()
-        _caching_off.update(report.caching_off)
-        if report.caching_off and not report.entries:
-            _caching_off_by_target[target.name] = dict(report.caching_off)
-        else:
-            _caching_off_by_target.pop(target.name, None)
-        if report.entries:
-            _totals["cleared_calls"] += 1
-            _totals["entries"] += report.entries
-            _totals["modules"] += report.modules
-            _totals["bytes"] += report.bytes
-            _totals["released_bytes"] += report.released_bytes or 0
-            per["entries"] += report.entries
-            per["bytes"] += report.bytes
-            first, _announced = not _announced, True
-        else:
-            first = not _said_off.issuperset(report.caching_off)
-            _said_off.update(report.caching_off)
-    if report.entries:
+    level = stats.count_table(target.name, report)
+    if level is not None and report.entries:
         log(
-            first_line_level() if first else 10,
-            "te_offload_shim: %s%s: cleared %d FP8 weight workspaces in %d modules (%s held%s) before the flush",
-            rank_prefix(),
+            level,
+            "te_offload_shim: %s: cleared %d FP8 weight workspaces in %d modules (%s held%s) before the flush",
             target.path,
             report.entries,
             report.modules,
             human_bytes(report.bytes),
             "" if report.released_bytes is None else f", {human_bytes(report.released_bytes)} released",
         )
-    elif report.caching_off:  # a 0 that is no clearing's doing says why, once per reason at the first line's level
+    elif level is not None:  # a 0 that is no clearing's doing says why, once per reason at the first line's level
         log(
-            first_line_level() if first else 10,
-            "te_offload_shim: %s%s: nothing to clear: FP8 weight caching is off by configuration in %s",
-            rank_prefix(),
+            level,
+            "te_offload_shim: %s: nothing to clear: FP8 weight caching is off by configuration in %s",
             target.path,
             describe(report.caching_off),
         )
@@ -226,8 +137,7 @@ class Handler:
             registry.clearing_failed(self.target.name, describe_error(exc))
             if _switches.strict():
                 raise
-            with _lock:
-                _totals["errors"] += 1
+            stats.add("table", "errors")
             warn_once(
                 f"act:{self.target.name}:{type(exc).__name__}",
                 "te_offload_shim: %s: clearing FP8 caches failed (%s); the offload goes on without it",

@@ -18,7 +18,7 @@ Never in the flush's way: the flush's arguments, return value and exceptions are
 net's own failures are counted, warned about once and the flush goes on (strict mode raises). A
 flush reached again on a thread that is already inside the net (a signal handler that flushes, a
 flush inside a clearing) goes straight to the original: the per-thread mark is set before
-anything else, and the only lock the net takes (its counters') is taken under that mark, so a
+anything else, and the only lock the net takes (engine/stats.py's, counting) is taken under that mark, so a
 signal handler can never wait for it on the thread that holds it.
 """
 
@@ -31,37 +31,25 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
-from te_offload_shim._locks import Lock
-from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
+from te_offload_shim._log import human_bytes, log, warn_once
 from te_offload_shim._reload import kept
-from te_offload_shim.engine import registry
+from te_offload_shim.engine import registry, stats
 from te_offload_shim.te import caches, layers, placement
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from te_offload_shim.engine.states import NetRow, NetTotals
-
 FLUSH_KIND = "net-flush"  # registry kinds: a wrapped flush function, TE's base class __init__
 LAYERS_KIND = "net-layers"
-MAX_CALLERS = 16
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_MEMORY = os.path.join("torch", "cuda", "memory.py")
 
 # The state below outlives a reload of this module (`kept`).
-_lock = kept(globals(), "_lock", Lock)
 _inside = kept(globals(), "_inside", threading.local)
-_counts: dict[str, int] = kept(
-    globals(),
-    "_counts",
-    lambda: dict.fromkeys(("flushes", "cleared_flushes", "entries", "modules", "bytes", "skipped", "errors"), 0),
-)
-_callers: dict[str, None] = kept(globals(), "_callers", dict)  # distinct, in order, at most MAX_CALLERS
 _arming: dict[str, Any] = kept(
     globals(), "_arming", lambda: {"state": "not armed", "detail": "", "found": 0, "frozen": 0}
 )
-_announced = kept(globals(), "_announced", lambda: False)
 
 
 def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...], *, te_ready: bool) -> str:
@@ -186,16 +174,14 @@ def _before_flush(label: str) -> None:
     try:
         if not (_switches.enabled() and _switches.net()):
             return
-        with _lock:
-            _counts["flushes"] += 1
+        stats.add("net", "flushes")
         offloaded = placement.offloaded_entries(layers.entries())
         if offloaded:
             _cleared(label, caches.clear_layers(offloaded, strict=_switches.strict()))
     except Exception as exc:
         if _switches.strict():
             raise
-        with _lock:
-            _counts["errors"] += 1
+        stats.add("net", "errors")
         warn_once(
             f"net:{type(exc).__name__}",
             "te_offload_shim: the flush net failed (%s); the flush goes on without it",
@@ -206,25 +192,14 @@ def _before_flush(label: str) -> None:
 
 
 def _cleared(label: str, report: caches.CacheReport) -> None:
-    global _announced
     caller = _caller() if report.entries else ""
-    with _lock:
-        _counts["skipped"] += len(report.skipped)
-        _counts["errors"] += len(report.errors)
-        if not report.entries:
-            return
-        _counts["cleared_flushes"] += 1
-        _counts["entries"] += report.entries
-        _counts["modules"] += report.modules
-        _counts["bytes"] += report.bytes
-        if len(_callers) < MAX_CALLERS:
-            _callers.setdefault(caller, None)
-        first, _announced = not _announced, True
+    level = stats.count_net(report, caller)
+    if level is None:
+        return
     log(
-        first_line_level() if first else 10,
-        "te_offload_shim: %san offload the target table does not know left %d FP8 weight caches (%s) in %d "
+        level,
+        "te_offload_shim: an offload the target table does not know left %d FP8 weight caches (%s) in %d "
         "layers; cleared at %s called from %s",
-        rank_prefix(),
         report.entries,
         human_bytes(report.bytes),
         report.modules,
@@ -263,38 +238,9 @@ def _describe(exc: BaseException) -> str:
         return type(exc).__name__
 
 
-def totals() -> NetTotals:
-    """The net's counters, for stats()."""
-    with _lock:
-        return dict(_counts)  # type: ignore[return-value]
-
-
-def row() -> NetRow:
-    """The net's row of status()."""
-    with _lock:
-        counts = dict(_counts)
-        callers = list(_callers)
-    state, detail = _arming["state"], _arming["detail"]
-    if state == "armed":
-        if not _switches.enabled():
-            state, detail = "off", f"{_switches.ENABLE}=0: every flush is left alone"
-        elif not _switches.net():
-            state, detail = "off", f"{_switches.NET}=0: every flush is left alone"
-        elif not any(r.armed and r.in_place() for r in _flush_records()):
-            state, detail = "error", "no flush function holds the net's wrapper any more (replaced after it armed)"
-    return {
-        "state": state,
-        "detail": detail,
-        "flushes": counts["flushes"],
-        "cleared_flushes": counts["cleared_flushes"],
-        "layers": counts["modules"],
-        "entries": counts["entries"],
-        "bytes": counts["bytes"],
-        "live_layers": layers.count(),
-        "found_at_arming": _arming["found"],
-        "frozen_not_searched": _arming["frozen"],
-        "callers": callers,
-    }
+def arming() -> dict[str, Any]:
+    """How the net's arming went (state, detail, layers found then, objects frozen then), for its status row."""
+    return dict(_arming)
 
 
 def disarmed() -> None:
@@ -302,12 +248,3 @@ def disarmed() -> None:
     forgotten (a later install finds them again)."""
     layers.forget_all()
     _set("not armed", "uninstalled")
-
-
-def reset_stats() -> None:
-    global _announced
-    with _lock:
-        for key in _counts:
-            _counts[key] = 0
-        _callers.clear()
-        _announced = False

@@ -1,7 +1,8 @@
 """What the shim has done in this process, read-only: `status()` per target, `stats()` totals.
 
-Reads the registry and the handler's counters; patches nothing (the import callback that patches
-is `engine.patch.patch_targets_in`). The report types are in `engine/states.py`.
+Reads the registry, the net's arming and the counters (engine/stats.py); patches nothing and
+imports nothing that does (the import callback that patches is `engine.patch.patch_targets_in`).
+The report types are in `engine/states.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
 from te_offload_shim.engine import registry
+from te_offload_shim.engine import stats as counters
 from te_offload_shim.engine.attributes import owner_of
 from te_offload_shim.engine.states import NetRow, NetTotals, Stats, Status, TargetRow, TargetState, TargetTotals
 
@@ -65,37 +67,45 @@ def status(
 
 
 def net_row(installed: bool) -> NetRow:
-    """The flush net's row. engine/net.py is loaded when the net arms (TE's base module imported):
-    until then the row says why it is not armed, and nothing is imported to say so."""
-    net = sys.modules.get("te_offload_shim.engine.net")
-    if net is not None:
-        return net.row()
-    if not installed:
-        state, detail = "not armed", "the shim is not installed"
-    elif not _switches.net():
-        state, detail = "off", f"{_switches.NET}=0"
-    else:
-        state, detail = "not armed", "Transformer Engine's PyTorch modules are not imported: torch's flush is its own"
+    """The flush net's row: armed or not and why (engine/net.py arms it when TE's base module is
+    imported), and what it cleared (engine/stats.py)."""
+    from te_offload_shim.engine import net
+    from te_offload_shim.te import layers
+
+    arming = net.arming()
+    state, detail = arming["state"], arming["detail"]
+    if state == "armed":
+        if not _switches.enabled():
+            state, detail = "off", f"{_switches.ENABLE}=0: every flush is left alone"
+        elif not _switches.net():
+            state, detail = "off", f"{_switches.NET}=0: every flush is left alone"
+        elif not any(r.armed and r.in_place() for r in registry.records(net.FLUSH_KIND)):
+            state, detail = "error", "no flush function holds the net's wrapper any more (replaced after it armed)"
+    elif state == "not armed" and not installed:
+        detail = detail or "the shim is not installed"
+    elif state == "not armed" and not detail:
+        state, detail = ("off", f"{_switches.NET}=0") if not _switches.net() else (state, _NOT_IMPORTED)
+    counts, callers = counters.net_counts()
     return {
         "state": state,
         "detail": detail,
-        "flushes": 0,
-        "cleared_flushes": 0,
-        "layers": 0,
-        "entries": 0,
-        "bytes": 0,
-        "live_layers": 0,
-        "found_at_arming": 0,
-        "frozen_not_searched": 0,
-        "callers": [],
+        "flushes": counts["flushes"],
+        "cleared_flushes": counts["cleared_flushes"],
+        "layers": counts["modules"],
+        "entries": counts["entries"],
+        "bytes": counts["bytes"],
+        "live_layers": layers.count(),
+        "found_at_arming": arming["found"],
+        "frozen_not_searched": arming["frozen"],
+        "callers": callers,
     }
 
 
+_NOT_IMPORTED = "Transformer Engine's PyTorch modules are not imported: torch's flush is its own"
+
+
 def _caching_off_detail(name: str) -> str:
-    # The handler is loaded by the first wrapped call: not loaded, no call yet (and status() loads
-    # nothing it does not need).
-    handler = sys.modules.get("te_offload_shim.engine.handler")
-    off = handler.caching_off_at_last_call(name) if handler is not None else {}
+    off = counters.caching_off_at_last_call(name)
     if not off:
         return ""
     from te_offload_shim.te.caching_off import describe
@@ -140,12 +150,13 @@ def _loaded(name: str) -> Any:
 
 def _layers(target: Target, module: Any) -> tuple[int, int]:
     """(our wrappers on the attribute, those of them still armed)."""
-    # Our wrappers exist only once engine/wrapper.py is loaded (by the first patch, and wrapt with
-    # it); importing it here would load wrapt into a process that never patched anything.
-    wrapper = sys.modules.get("te_offload_shim.engine.wrapper")
-    if wrapper is None:
+    # Our wrappers exist only where a target was patched (engine/wrapper.py, and wrapt with it, are
+    # loaded then): without a record, nothing is imported to say 0.
+    if not any(r.target == target.name for r in registry.records()):
         return 0, 0
     try:
+        from te_offload_shim.engine import wrapper
+
         found = owner_of(module, target.attribute)
         if not found:
             return 0, 0
@@ -156,12 +167,4 @@ def _layers(target: Target, module: Any) -> tuple[int, int]:
 
 
 def stats() -> Stats:
-    from te_offload_shim.engine import handler
-    from te_offload_shim.reports import audit
-
-    result: Stats = handler.totals()  # type: ignore[assignment]  # the counters, by name
-    result["audit"] = audit.latest()
-    net = sys.modules.get("te_offload_shim.engine.net")
-    zero: NetTotals = dict.fromkeys(NetTotals.__annotations__, 0)  # type: ignore[assignment]
-    result["net"] = net.totals() if net is not None else zero
-    return result
+    return counters.snapshot()

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
-from te_offload_shim._log import log, rank_prefix, warn_once
+from te_offload_shim._log import first_line_level, log, warn_once
 from te_offload_shim._reload import kept
 
 
@@ -99,9 +99,8 @@ def _finish(pending: Pending) -> None:
             **report.as_dict(),
         }
     log(
-        logging.INFO if first else logging.DEBUG,
-        "te_offload_shim: %saudit after %s: %s",
-        rank_prefix(),
+        first_line_level() if first else logging.DEBUG,  # the first clearing's rule: seen once per job
+        "te_offload_shim: audit after %s: %s",
         pending.target.path,
         report.summary(),
     )

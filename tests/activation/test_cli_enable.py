@@ -114,7 +114,7 @@ def test_enable_activates_every_start_once_and_costs_nothing_until_a_target(venv
     assert s["switches"] == FAKE
     rows = {r["name"]: r for r in s["targets"]}
     fake = rows["faketarget:offload"]
-    assert fake["present"] is True and fake["would_be_patched"] is True and "state" not in fake
+    assert fake["present"] is True and fake["would_be_patched"] is True and fake["state"] == "pending"
     assert rows["verl"]["present"] is False and rows["verl"]["would_be_patched"] is False
 
     code, s, _ = venv.status("--import", env=FAKE)

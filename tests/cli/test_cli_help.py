@@ -16,16 +16,28 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, env=child_env(), cwd=REPO, timeout=60)
 
 
-def test_version() -> None:
-    # the one version source, which pyproject.toml reads too (read as text: importing would install)
+def test_version_names_the_code() -> None:
+    """The one version source, which pyproject.toml reads too (read as text: importing would
+    install); the commit where the package runs from a git checkout; between releases (the
+    CHANGELOG's newest section unreleased) a development version of that release."""
     source = (REPO / "te_offload_shim" / "__init__.py").read_text()
     version = re.search(r'^__version__ = "([^"]+)"$', source, re.M)
     assert version is not None
-    proc = _cli("--version")
-    assert proc.returncode == 0 and proc.stdout.strip() == f"te-offload-shim {version.group(1)}"
+    assert 'version = { attr = "te_offload_shim.__version__" }' in (REPO / "pyproject.toml").read_text()
+    expected = f"te-offload-shim {version.group(1)}"
+    if (REPO / ".git").exists():
+        git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]
+        expected += f" (commit {subprocess.run(git, capture_output=True, text=True, check=True).stdout.strip()})"
+    for flag in ("--version", "-V"):
+        proc = _cli(flag)
+        assert proc.returncode == 0 and proc.stdout.strip() == expected
+    newest = re.search(r"^## (\S+)( \(unreleased\))?$", (REPO / "CHANGELOG.md").read_text(), re.M)
+    assert newest is not None
+    if newest.group(2):
+        assert re.fullmatch(rf"{re.escape(newest.group(1))}\.dev\d+", version.group(1)), "between releases: a .devN"
 
 
-@pytest.mark.parametrize("command", ["enable", "disable", "run", "status", "discover", "startup-file"])
+@pytest.mark.parametrize("command", ["enable", "disable", "run", "status", "stats", "discover", "startup-file"])
 def test_every_subcommand_has_help_text(command: str) -> None:
     proc = _cli(command, "--help")
     assert proc.returncode == 0

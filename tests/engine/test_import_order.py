@@ -253,7 +253,7 @@ def _both_orders(names: list[str], prepare: Callable[[], None]) -> None:
     counted for that entry; uninstall puts back the very original object."""
     import te_offload_shim
     from harness import megatron_world as w
-    from te_offload_shim.engine import handler
+    from te_offload_shim.engine import stats
     from te_offload_shim.engine.patch import owner_of, shim_layers
     from te_offload_shim.integrations.targets import BUILTIN
 
@@ -275,7 +275,7 @@ def _both_orders(names: list[str], prepare: Callable[[], None]) -> None:
             chunks = [w.wrap_ddp(w.build_gpt(layers=1, hidden=32, vocab=64))]
             entries = w.attach_fp8_caches(chunks[0])
             assert entries > 0
-            handler.reset_stats()
+            stats.reset()
             ROWS[target.name](sys.modules[target.module], chunks)
             by_target = {k: [v["calls"], v["entries"]] for k, v in te_offload_shim.stats()["by_target"].items()}
             assert by_target == {target.name: [1, entries]}, target.name

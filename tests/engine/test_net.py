@@ -73,7 +73,7 @@ def test_an_offloaded_layer_is_cleared_at_the_flush_and_the_line_names_the_calle
     assert len(records) == 1 and records[0].levelno == logging.WARNING, "the first clearing, seen on rank 0"
     line = _flush_from_an_unknown_offload.__code__.co_firstlineno + 3
     assert records[0].getMessage() == (
-        "te_offload_shim: [rank 0] an offload the target table does not know left 2 FP8 weight caches "
+        "[rank 0] an offload the target table does not know left 2 FP8 weight caches "
         f"({te_offload_shim.stats()['net']['bytes'] / 1024:.2f} KiB) in 2 layers; cleared at "
         f"torch.cuda.empty_cache called from {__file__}:{line} in _flush_from_an_unknown_offload"
     )
@@ -327,7 +327,7 @@ def test_a_failing_net_warns_once_and_the_flush_runs_and_strict_mode_raises(capl
     assert _cuda().empty_cache() == "flushed" and _cuda().empty_cache() == "flushed"
     assert calls == [1, 1]
     assert [r.getMessage() for r in caplog.records if "flush net failed" in r.getMessage()] == [
-        "te_offload_shim: the flush net failed (RuntimeError: the net's own bug); the flush goes on without it"
+        "the flush net failed (RuntimeError: the net's own bug); the flush goes on without it"
     ]
     assert te_offload_shim.stats()["net"]["errors"] == 2
     os.environ["TE_OFFLOAD_SHIM_STRICT"] = "1"

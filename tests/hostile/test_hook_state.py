@@ -161,21 +161,21 @@ def test_a_callback_interrupted_by_an_asynchronous_exception_is_retried(tmp_path
     write_module(tmp_path, "interrupted_target", "def offload(models):\n    return 'offloaded'\n")
     write_module(tmp_path, "unrelated_module", "")
     layer = cached_layer()
-    shim.status()  # the reports are loaded; the patcher is not, yet
+    shim.status()  # the reports (and logging, with the counters) are loaded; the patcher is not, yet
     alarm = _Interrupting()
     sys.meta_path.insert(0, alarm)  # ours moves back in front of it; the path finder stays behind it
 
-    alarm.armed = True  # the callback, and its retry when the import ends, are both interrupted
+    alarm.armed = True  # the callback is interrupted
     import interrupted_target  # type: ignore[import-not-found]  # the import itself completes
 
-    assert alarm.hits >= 2, "the callback was interrupted"
+    assert alarm.hits >= 1, "the callback was interrupted"
     hits = alarm.hits
-    row = _row("interrupted_target:offload")  # status() retries it: interrupted once more
+    row = _row("interrupted_target:offload")  # status() only reads: no retry (issue 35: status never patches)
     alarm.armed = False
-    assert alarm.hits > hits, "status() retried the interrupted callback"
+    assert alarm.hits == hits, "status() ran the interrupted callback again"
     assert row["state"] == "error" and "TimeoutError" in row["detail"], row
     assert "retried" in row["detail"], row
-    assert shim.status()["hook_errors"] == [], "nothing could be logged or recorded while interrupted"
+    assert shim.status()["hook_errors"] == ["interrupted_target: TimeoutError: step timed out"]
 
     importlib.import_module("unrelated_module")  # the next import's sweep retries it, uninterrupted
     row = _row("interrupted_target:offload")

@@ -2,8 +2,8 @@
 
 `run` may add its bootstrap folder to the other interpreter's path and nothing else: that
 environment's site-packages hold wrapt and C extensions built for the Python that ran `run`. Where
-the package is not installed, the interpreter starts as it would without `run`: no shim, no output,
-the sitecustomize further down the path still runs.
+the package is not installed, the interpreter starts as it would without `run`: no shim, the
+sitecustomize further down the path still runs, and `run` says so in one stderr line.
 
 "This environment" is a site-packages folder holding a copy of the package and one module of its
 own; the launcher is this interpreter with that folder on its path, as an installed console script is.
@@ -71,4 +71,6 @@ def test_run_adds_nothing_of_its_environment_to_another_python(minor: int, tmp_p
     assert under_run["sys_path"] == plain["sys_path"], "run put something of its environment on the path"
     assert not under_run["marker"] and not under_run["shim"]
     assert under_run["user_sitecustomize"] == 1, "the sitecustomize further down still runs"
-    assert run_err == plain_err == "", "the bootstrap says nothing where the package is not installed"
+    assert plain_err == "", "the bootstrap says nothing where the package is not installed"
+    # but `run` itself says, in one line, that the command runs without the shim (issue 36: never silent)
+    assert run_err == f"te-offload-shim run: {other} cannot import te_offload_shim; the command runs without the shim\n"

@@ -26,7 +26,7 @@ def test_a_misspelt_switch_warns_once_naming_the_real_one(caplog: pytest.LogCapt
     te_offload_shim.uninstall()
     te_offload_shim.install()  # once per process, however often it installs
     assert _warnings(caplog) == [
-        "te_offload_shim: TE_OFFLOAD_SHIM_DISABLED is no switch of te_offload_shim and does nothing "
+        "TE_OFFLOAD_SHIM_DISABLED is no switch of te_offload_shim and does nothing "
         "(did you mean TE_OFFLOAD_SHIM_DISABLE?)"
     ]
     assert caplog.records[0].levelname == "WARNING"
@@ -38,7 +38,7 @@ def test_a_name_close_to_no_switch_lists_the_real_ones(caplog: pytest.LogCapture
 
     assert te_offload_shim.installed()
     (warning,) = _warnings(caplog)
-    assert warning.startswith("te_offload_shim: TE_OFFLOAD_SHIM_XYZZY is no switch")
+    assert warning.startswith("TE_OFFLOAD_SHIM_XYZZY is no switch")
     assert "(the switches: TE_OFFLOAD_SHIM, TE_OFFLOAD_SHIM_STRICT, TE_OFFLOAD_SHIM_DISABLE," in warning
 
 

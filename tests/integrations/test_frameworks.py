@@ -50,9 +50,9 @@ def shim_stats() -> dict:
 
 
 def reset_stats() -> None:
-    from te_offload_shim.engine import handler
+    from te_offload_shim.engine import stats
 
-    handler.reset_stats()
+    stats.reset()
 
 
 def states() -> dict[str, str]:

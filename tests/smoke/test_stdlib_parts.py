@@ -88,7 +88,8 @@ def test_unpatched_without_the_shim_switch() -> None:
 
 
 def test_cli_version_and_status() -> None:
-    assert _python("-m", "te_offload_shim", "--version").stdout.strip() == f"te-offload-shim {_version()}"
+    version = _python("-m", "te_offload_shim", "--version").stdout.strip()
+    assert version.partition(" (commit ")[0] == f"te-offload-shim {_version()}", "the commit, in a checkout"
     text = _python("-m", "te_offload_shim", "status").stdout
     assert text.splitlines()[-1] == "healthy", text
     # no --import: in the main suite's venv that would import megatron-core (torch), 20 s

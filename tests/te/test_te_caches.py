@@ -365,15 +365,16 @@ def test_fp8_primary_weight_copy_bytes_reach_stats() -> None:
     from types import SimpleNamespace
 
     from te_offload_shim.engine import handler as _offload
+    from te_offload_shim.engine import stats
 
     report = scan(te.TELinearStandIn(8, 8))
     report.primary_weight_bytes, report.primary_weight_params = 4096, 2
-    _offload.reset_stats()
+    stats.reset()
     try:
         _offload._count_clearing(SimpleNamespace(name="user", path="mod:offload"), report)  # type: ignore[arg-type]
-        assert _offload.totals()["primary_weight_bytes"] == 4096
+        assert stats.snapshot()["primary_weight_bytes"] == 4096
     finally:
-        _offload.reset_stats()
+        stats.reset()
     assert {"primary_weight_params", "primary_weight_bytes", "primary_weight_where"} <= set(report.as_dict())
 
 

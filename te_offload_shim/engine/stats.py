@@ -1,0 +1,194 @@
+"""What the shim counted in this process, in one place: the table's counters (each wrapped offload),
+the flush net's, the one rule for the line that proves the shim worked, and the stats file
+(`TE_OFFLOAD_SHIM_STATS`) that carries `stats()` out of the process for an operator to sum.
+
+engine/handler.py and engine/net.py count through these functions; `status()` and `stats()` read
+them here. Standard library and the package's ground floor only: `status()` loads it without
+loading what clears.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from te_offload_shim import _switches
+from te_offload_shim._locks import Lock
+from te_offload_shim._log import first_line_level, warn_once
+from te_offload_shim._reload import kept
+
+if TYPE_CHECKING:
+    from te_offload_shim.engine.states import NetTotals, Stats
+    from te_offload_shim.te.report import CacheReport
+
+TABLE = ("calls", "cleared_calls", "entries", "modules", "bytes", "released_bytes", "skipped", "errors")
+NET = ("flushes", "cleared_flushes", "entries", "modules", "bytes", "skipped", "errors")
+
+
+def _zero() -> dict[str, Any]:
+    return {
+        "table": dict.fromkeys((*TABLE, "primary_weight_bytes"), 0),
+        "net": dict.fromkeys(NET, 0),
+        "by_target": {},
+        "left_alone": {},  # target -> the reason its skip rule gave -> calls left alone
+        "caching_off": {},  # TE layers whose caching is off by configuration, by reason, at the last call
+        "caching_off_by_target": {},  # the same per target, at its last call if that cleared nothing
+        "callers": {},  # the net's: "file:line in function" of flushes that cleared something, first 16
+        "announced": False,  # the first clearing (table or net) has been said
+        "said_off": set(),  # the caching-off reasons said at the first line's level
+    }
+
+
+# Kept by a reload of this module (`kept`), like every counter of the package.
+_lock = kept(globals(), "_lock", Lock)
+_c: dict[str, Any] = kept(globals(), "_c", _zero)
+_at_exit: list[object] = kept(globals(), "_at_exit", list)
+
+
+def _counting() -> None:
+    """The stats file is written at exit too, in a process that counted anything (a wrapped call, a
+    flush the net saw): its last calls may have cleared nothing, and a process that never offloaded
+    (a tokenizer worker, the CLI) writes no file."""
+    if not _at_exit and os.environ.get(_switches.STATS):
+        _at_exit.append(atexit.register(write_file))
+
+
+def _first() -> int:
+    """The one first-line rule (under `_lock`): the first clearing of the process, by the table or
+    the net, is said at `first_line_level()` (seen once per job); every later one at DEBUG."""
+    first, _c["announced"] = not _c["announced"], True
+    return first_line_level() if first else logging.DEBUG
+
+
+def count_table(name: str, report: CacheReport) -> int | None:
+    """Count one wrapped call's clearing; returns the level of its line, None for no line."""
+    level = None
+    _counting()
+    with _lock:
+        table, off = _c["table"], _c["caching_off"]
+        table["calls"] += 1
+        per = _c["by_target"].setdefault(name, {"calls": 0, "entries": 0, "bytes": 0})
+        per["calls"] += 1
+        table["skipped"] += len(report.skipped)
+        table["errors"] += len(report.errors)
+        table["primary_weight_bytes"] = report.primary_weight_bytes
+        off.clear()
+        off.update(report.caching_off)
+        if report.caching_off and not report.entries:
+            _c["caching_off_by_target"][name] = dict(report.caching_off)
+        else:
+            _c["caching_off_by_target"].pop(name, None)
+        if report.entries:
+            table["cleared_calls"] += 1
+            for key in ("entries", "modules", "bytes"):
+                table[key] += getattr(report, key)
+            table["released_bytes"] += report.released_bytes or 0
+            per["entries"] += report.entries
+            per["bytes"] += report.bytes
+            level = _first()
+        elif report.caching_off:  # a 0 that is no clearing's doing says why, once per reason
+            new = not _c["said_off"].issuperset(report.caching_off)
+            _c["said_off"].update(report.caching_off)
+            level = first_line_level() if new else logging.DEBUG
+    if report.entries:
+        write_file()
+    return level
+
+
+def count_net(report: CacheReport, caller: str) -> int | None:
+    """Count one clearing of the flush net; returns the level of its line, None when it cleared nothing."""
+    _counting()
+    with _lock:
+        net = _c["net"]
+        net["skipped"] += len(report.skipped)
+        net["errors"] += len(report.errors)
+        if not report.entries:
+            return None
+        net["cleared_flushes"] += 1
+        for key in ("entries", "modules", "bytes"):
+            net[key] += getattr(report, key)
+        if len(_c["callers"]) < 16:
+            _c["callers"].setdefault(caller, None)
+        level = _first()
+    write_file()
+    return level
+
+
+def add(group: str, key: str) -> None:
+    """One more of `key` (`errors`, `flushes`) in `group` ("table" or "net")."""
+    _counting()
+    with _lock:
+        _c[group][key] += 1
+
+
+def left_alone(name: str, reason: str) -> None:
+    _counting()
+    with _lock:
+        per = _c["left_alone"].setdefault(name, {})
+        per[reason] = per.get(reason, 0) + 1
+
+
+def caching_off_at_last_call(name: str) -> dict[str, int]:
+    """`{reason: TE layers}` whose caching was off by configuration at target `name`'s last call,
+    when that call cleared nothing; empty otherwise."""
+    with _lock:
+        return dict(_c["caching_off_by_target"].get(name, {}))
+
+
+def net_counts() -> tuple[NetTotals, list[str]]:
+    """The net's counters and the callers of its clearing flushes."""
+    with _lock:
+        return dict(_c["net"]), list(_c["callers"])  # type: ignore[return-value]
+
+
+def snapshot() -> Stats:
+    """`stats()`: every counter, the latest audit, and what TE's process globals gave back."""
+    from te_offload_shim.reports import audit
+    from te_offload_shim.te import process_globals
+
+    with _lock:
+        result: dict[str, Any] = dict(_c["table"])
+        for key in ("by_target", "left_alone"):
+            result[key] = {k: dict(v) for k, v in _c[key].items()}
+        result["caching_off"] = dict(_c["caching_off"])
+        result["net"] = dict(_c["net"])
+    result["te_globals"] = process_globals.totals()
+    result["audit"] = audit.latest()
+    return result  # type: ignore[return-value]
+
+
+def reset() -> None:
+    from te_offload_shim.reports import audit
+    from te_offload_shim.te import process_globals
+
+    with _lock:
+        _c.update(_zero())
+    process_globals.reset()
+    audit.reset()
+
+
+def write_file() -> None:
+    """`TE_OFFLOAD_SHIM_STATS=<path>` (`{rank}`, `{pid}` filled in): `stats()` as one JSON document,
+    written whole (a temporary file, then `os.replace`) so a reader never sees half of one. Never
+    raises: a full disk or a missing folder is warned about once and the offload goes on."""
+    template = os.environ.get(_switches.STATS, "").strip()
+    if not template:
+        return
+    try:
+        path = template.replace("{rank}", _switches.rank() or "none").replace("{pid}", str(os.getpid()))
+        data = json.dumps(snapshot(), default=str)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as file:
+            file.write(data)
+        os.replace(temporary, path)
+    except Exception as exc:
+        warn_once(
+            f"stats-file:{type(exc).__name__}",
+            "te_offload_shim: %s: cannot write %r: %r",
+            _switches.STATS,
+            template,
+            exc,
+        )

@@ -1,0 +1,148 @@
+"""The operators' view (issue 36): `status --strict` as a gate, bad switch values in `warnings`,
+`--json` rows that are `status()`'s rows, a job's stats files summed, and a CLI that is never
+silent: a missing path, a closed pipe, a read-only site with nothing to disable, the version."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, child_env
+
+TARGETS = REPO / "tests" / "hostile" / "targets"
+SHIM = [sys.executable, "-m", "te_offload_shim"]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SHIM, *args], capture_output=True, text=True, env=child_env(env), cwd=REPO, timeout=180)
+
+
+def test_strict_fails_without_an_activation_route_and_passes_under_run() -> None:
+    plain = _cli("status")
+    assert plain.returncode == 0 and plain.stdout.splitlines()[-1] == "healthy", "plain status stays informative"
+    gate = _cli("status", "--strict")
+    assert gate.returncode == 1
+    assert gate.stderr.startswith("te-offload-shim: --strict: no activation route is in force for this interpreter")
+    under_run = _cli("run", "--", *SHIM, "status", "--strict", "--json")
+    report = json.loads(under_run.stdout)
+    assert under_run.returncode == 0, under_run.stderr
+    assert report["routes"]["in_force"] == "sitecustomize bootstrap" and report["strict_failures"] == []
+
+
+def test_bad_switch_values_are_warnings_in_text_and_json_and_fail_the_gate() -> None:
+    env = {"TE_OFFLOAD_SHIM": "maybe", "TE_OFFLOAD_SHIM_DISABLE": "verll"}
+    report = json.loads(_cli("status", "--json", env=env).stdout)
+    assert report["schema_version"] == 2 and report["healthy"] is True
+    assert report["warnings"][0] == "TE_OFFLOAD_SHIM='maybe' is not 1/0 (true/false, yes/no, on/off); it stays on"
+    assert report["warnings"][1].startswith("TE_OFFLOAD_SHIM_DISABLE names 'verll', which is no target (known: verl,")
+    assert [f"warning: {w}" for w in report["warnings"]] == report["strict_failures"][1:]
+    text = _cli("status", env=env).stdout.splitlines()
+    assert f"warning: {report['warnings'][0]}" in text and f"warning: {report['warnings'][1]}" in text
+    assert _cli("run", "--", *SHIM, "status", "--strict", env=env).returncode == 1
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "shim_targets:offload"})
+def test_json_rows_are_status_rows_with_what_is_installed() -> None:
+    import te_offload_shim
+
+    sys.path.insert(0, str(TARGETS))
+    import shim_targets  # noqa: F401  # imported: patched
+
+    from te_offload_shim import health
+    from te_offload_shim.engine.states import TargetRow
+
+    rows = {r["name"]: r for r in health.collect()["targets"]}
+    for row in te_offload_shim.status()["targets"]:
+        assert {k: rows[row["name"]][k] for k in TargetRow.__annotations__} == row
+    assert rows["shim_targets:offload"]["state"] == "patched" and rows["shim_targets:offload"]["layers"] == 1
+
+
+def _one_rank(rank: str, clearings: int) -> None:
+    """A rank of a job (a spawned process): `clearings` offloads that clear, then one that clears
+    nothing, which only the file written at exit counts."""
+    os.environ["RANK"] = rank
+    sys.path.insert(0, str(TARGETS))
+    sys.path.insert(0, str(REPO / "tests" / "hostile"))
+    import shim_targets
+    from hostile_util import cached_layer
+
+    import te_offload_shim
+
+    assert te_offload_shim.installed()
+    for _ in range(clearings):
+        shim_targets.offload([cached_layer()])
+    shim_targets.offload([])
+
+
+def test_two_ranks_stats_files_are_written_at_exit_and_summed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_TARGETS", "shim_targets:offload")
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_STATS", str(tmp_path / "stats-{rank}.json"))
+    spawn = multiprocessing.get_context("spawn")
+    for rank, clearings in (("0", 1), ("1", 2)):
+        process = spawn.Process(target=_one_rank, args=(rank, clearings))
+        process.start()
+        process.join(120)
+        assert process.exitcode == 0
+    files = sorted(str(p) for p in tmp_path.iterdir())
+    assert [Path(f).name for f in files] == ["stats-0.json", "stats-1.json"], "one file per rank, no temporary left"
+    assert [json.loads(Path(f).read_text())["calls"] for f in files] == [2, 3], "the last, empty call: at exit"
+    proc = _cli("stats", *files)
+    total = json.loads(proc.stdout)
+    assert proc.returncode == 0 and total["processes"] == 2
+    assert (total["calls"], total["cleared_calls"], total["entries"]) == (5, 3, 3)
+    assert total["by_target"]["shim_targets:offload"]["entries"] == 3 and total["net"]["flushes"] == 0
+    missing = _cli("stats", files[0], str(tmp_path / "nope.json"))
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    """`status --all | head -3` under pipefail: the reader is gone before the report is written."""
+    command = f"set -o pipefail; {' '.join(SHIM)} status --all --json | true"
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=child_env(), cwd=REPO)
+    assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_discover_on_a_missing_path_exits_2_and_says_what_it_read(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    proc = _cli("discover", str(tmp_path), "/no/such/path")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "te-offload-shim discover: no such path: /no/such/path (1 files read)\n"
+
+
+def test_disable_with_nothing_to_remove_on_a_read_only_mount(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) to mount a read-only file system")
+    mount = 'mount -t tmpfs -o ro none "$0" && exec "$@"'
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", mount, str(site), *SHIM, "disable", "--site", str(site)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=REPO,
+    )
+    if "mount" in proc.stderr or "unshare" in proc.stderr:
+        pytest.skip(f"cannot mount here: {proc.stderr.strip()}")
+    assert (proc.returncode, proc.stdout) == (0, f"te-offload-shim: already disabled: {site}/te_offload_shim.pth\n")
+
+
+def test_run_says_when_the_commands_python_has_no_wrapt(tmp_path: Path) -> None:
+    """A venv that sees this checkout but not wrapt: the shim starts there and can patch nothing."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path)], check=True)
+    (site,) = tmp_path.glob("lib/python3.*/site-packages")
+    (site / "checkout.pth").write_text(f"{REPO}\n")
+    python = str(tmp_path / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "PYTHON"))}
+    proc = subprocess.run([*SHIM, "run", "--", python, "-V"], capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.startswith("Python 3."), "the command runs, unchanged"
+    assert (
+        proc.stderr
+        == f"te-offload-shim run: {python} has no wrapt: nothing is patched; the command runs without the shim\n"
+    )
