@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     def ray_setup() -> None: ...
 
 
-__version__ = "0.5.0"
+__version__ = "0.7.0.dev0"
 __all__ = [
     "CacheReport",
     "ResidueReport",
