@@ -344,7 +344,7 @@ def test_a_reshard_between_microbatches_is_never_taken_for_an_offload_bit_identi
     way. Six microbatches under delayed scaling, `is_first_microbatch=False` after the first (TE
     reuses its cache), a flush between each: the net clears nothing (every weight is "off" by its
     bytes, none by the rule) and every loss, input gradient and the weight's gradient are the
-    bits of the net off. Before 0.7 the net cleared the cache at each flush: 5 of 6 losses moved."""
+    bits of the net off. On 0.6.0 the net cleared the cache at each flush: 5 of 6 losses moved."""
     shim = _start()
     import torch
 
