@@ -5,7 +5,7 @@
 # supported CPython found (3.10, 3.12, 3.13), for the smoke pass of scripts/test.sh (tests/smoke).
 # Idempotent: a second run only checks the stamps. Prints each step as "setup-env: [k/n] what".
 #   scripts/setup-env.sh [--no-smoke | --demo]   --no-smoke: stop after the main environment: no smoke
-#   venvs, no framework wheels or torch 2.14.1 that only the tests import (steps 13-18). --demo: only what demo/run.sh
+#   venvs, no framework wheels or torch 2.15.0 that only the tests import (steps 13-18). --demo: only what demo/run.sh
 #   imports (scripts/setup-demo.sh: the distributions of demo/requirements.txt, verl 0.8.0, TE
 #   2.20.2 and what TE imports); the tests' releases, tools and frameworks are left for a later full run.
 set -euo pipefail
@@ -38,7 +38,7 @@ fi
 
 # The .deps folders (--no-deps, one release each) by uv, which downloads in parallel and compiles
 # their bytecode on both cores (pip: one file after another), in a lane beside the venv's own
-# packages; torch 2.14.1 by pip (uv does not look on the machine's disk, where it lies) in a third.
+# packages; torch 2.15.0 by pip in a third.
 # Measured on the 2-core machine: 351 s one after another (pip's cache warm), 170 s in lanes (no
 # package cache; before step 3 compiled its bytecode).
 uv_target() {  # uv_target DIR REQUIREMENT...: bytecode compiled, as pip's --target writes it
@@ -156,23 +156,29 @@ tests_folders() {
     PIP_CONSTRAINT=$PWD/.deps/namesakes-build-constraint.txt pip --no-deps --target .deps/namesakes \
         roll==0.13.4 slime==0.0.0 chatlearn==0.0.1
   fi
-  step 17 "wrapt 1.14 -> .deps/wrapt-1.14"
+  step 17 "wrapt 1.14 -> .deps/wrapt-1.14; DeepSpeed 0.19.8 and what it imports -> .deps/deepspeed-0.19.8"
   [[ -d .deps/wrapt-1.14/wrapt ]] || uv_target .deps/wrapt-1.14 "wrapt==1.14.*"
+  # ZeRO-3's partitioning on the CPU (tests/twin/test_twin_net.py): the sdist built against the
+  # venv's torch, no ops compiled (22 s here)
+  [[ -d .deps/deepspeed-0.19.8/deepspeed ]] || DS_BUILD_OPS=0 pip --no-deps --no-build-isolation \
+      --target .deps/deepspeed-0.19.8 deepspeed==0.19.8 hjson==3.1.0 py-cpuinfo==9.0.0 einops==0.8.2 ninja==1.13.2
 }
 
-# The newest torch the registry allows, in a folder put first on the path of one pass of
-# scripts/test.sh: a CUDA build with its CUDA libraries (about 5.4 GB from the machine's disk), run
-# on the CPU. The longest item of the set-up: its own lane, from the start.
+# The newest torch the registry serves, in a folder put first on the path of one pass of
+# scripts/test.sh: a CUDA build with its CUDA libraries (about 5.3 GB, from PyPI: 2.5 minutes here),
+# run on the CPU. The longest item of the set-up: its own lane, from the start. This machine's pip
+# caps torch at the releases on its disk (/etc/xdg/pip/constraints.txt, torch<=2.14.1): not for
+# this folder.
 torch_next() {
-  echo "setup-env: [18/$STEPS] torch 2.14.1 and its dependencies -> .deps/torch-2.14.1 (beside the rest)"
-  pip --target .deps/torch-2.14.1 torch==2.14.1
+  echo "setup-env: [18/$STEPS] torch 2.15.0 and its dependencies -> .deps/torch-2.15.0 (beside the rest)"
+  PIP_CONSTRAINT=/dev/null pip --target .deps/torch-2.15.0 torch==2.15.0
 }
 
 UV_PIN=$(grep -o 'uv==[0-9.]*' scripts/setup-demo.sh | head -n 1)  # one uv for both set-ups
 step 1 "venv, uv ${UV_PIN#uv==} -> .deps/uv"
 [[ -x .venv/bin/python ]] || "$PY" -m venv .venv
 [[ -x $UV ]] || pip --no-deps --target .deps/uv "$UV_PIN"
-if [[ $SMOKE == 1 && ! -d .deps/torch-2.14.1/torch ]]; then lane torch_next; fi
+if [[ $SMOKE == 1 && ! -d .deps/torch-2.15.0/torch ]]; then lane torch_next; fi
 
 if [[ -f $STAMP ]]; then
   echo "setup-env: [2-11/$STEPS] main environment up to date ($STAMP)"
@@ -194,7 +200,7 @@ else
       datasets pillow pytest==9.1.1 pytest-xdist==3.8.0 ruff mypy
   step 4 "te-offload-shim itself (editable)"
   pip --no-deps -e .
-  wait_lanes  # main_folders (and torch 2.14.1, which the stamp does not cover, is waited for below too)
+  wait_lanes  # main_folders (and torch 2.15.0, which the stamp does not cover, is waited for below too)
   touch "$STAMP"
 fi
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): set-up, static checks, the suite, then the tests of the wrapper
 # itself again with wrapt 1.x and with wrapt 1.14 (the declared floor) first on the path (users' images
-# pin either 1.x or 2.x), a subset under torch 2.14.1, then the smoke pass on the other supported
+# pin either 1.x or 2.x), a subset under torch 2.15.0, then the smoke pass on the other supported
 # Pythons (scripts/smoke.sh).
 # Arguments go to pytest (and skip the wrapt 1.x and smoke passes): `scripts/test.sh tests/hostile` runs one folder.
 set -euo pipefail
@@ -25,12 +25,13 @@ if [[ $# -eq 0 ]]; then
   echo "--- and under wrapt 1.14, the declared floor (.deps/wrapt-1.14)"
   TEST_PYTHONPATH_PREFIX="$PWD/.deps/wrapt-1.14" TEST_EXPECT_WRAPT=1.14 .venv/bin/python -m pytest -n 2 -q \
     "${WRAPPER_TESTS[@]}" -k "$WRAPPER_K"
-  # torch 2.14.1, the newest the registry allows (a CUDA build, run on the CPU), first on every path:
-  # the wrapper's tests, verl 0.8.0's offload and the twin's clearing on TE 2.20
-  echo "--- under torch 2.14.1 (.deps/torch-2.14.1): the wrapper's tests, verl 0.8.0, the twin on TE 2.20.2"
-  TORCH_NEXT=(env PYTHONPATH="$PWD/.deps/torch-2.14.1" TEST_PYTHONPATH_PREFIX="$PWD/.deps/torch-2.14.1"
-    TEST_EXPECT_TORCH=2.14.1)
+  # torch 2.15.0, the newest the registry serves (a CUDA build, run on the CPU), first on every path:
+  # the wrapper's tests, verl 0.8.0's offload, the flush net's tests and the twin's clearing on TE 2.20
+  echo "--- under torch 2.15.0 (.deps/torch-2.15.0): the wrapper's tests, verl 0.8.0, the net, the twin on TE 2.20.2"
+  TORCH_NEXT=(env PYTHONPATH="$PWD/.deps/torch-2.15.0" TEST_PYTHONPATH_PREFIX="$PWD/.deps/torch-2.15.0"
+    TEST_EXPECT_TORCH=2.15.0)
   "${TORCH_NEXT[@]}" .venv/bin/python -m pytest -n 2 -q "${WRAPPER_TESTS[@]}" -k "($WRAPPER_K) and not 0.7.1"
+  "${TORCH_NEXT[@]}" .venv/bin/python -m pytest -n 2 -q tests/engine/test_net.py tests/hostile/test_net_hostile.py
   # The smoke pass (small interpreters, mostly waiting on their start-up) runs beside the twin's
   # pass; its output is printed after it.
   smoke_log=$(mktemp)

@@ -153,7 +153,7 @@ class _Zygote:
     def _start(self) -> subprocess.Popen[str]:
         if self.proc is None or self.proc.poll() is not None:
             env = child_env()
-            # the zygote's own path stays the interpreter's, less CI's prefix (torch 2.14.1 or wrapt 1.x
+            # the zygote's own path stays the interpreter's, less CI's prefix (torch 2.15.0 or wrapt 1.x
             # first), which what it imports must come from too; each child gets its own
             prefix = os.environ.get("TEST_PYTHONPATH_PREFIX")
             if prefix:

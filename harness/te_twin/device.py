@@ -181,4 +181,10 @@ def install(sm: int = 90) -> None:
     torch.version.cuda = CUDA_VERSION  # type: ignore[misc]
     # TE 2.9+ checks `inp.is_cuda` before a forward: the one device's memory is the CPU's
     torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))  # type: ignore[assignment,method-assign]
+    # torch's device-generic API (2.6+) delegates `is_available` to the answer above, then asks a
+    # CUDA build's driver for the current stream (TorchDynamo does at every compile, torch 2.14+):
+    # the twin's device has no accelerator there, as a CPU build has none
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        accelerator.is_available = lambda: False
     _installed = sm

@@ -1,20 +1,31 @@
 """Whether a TE layer's weights have left the device: the flush net's rule for "this layer was offloaded".
 
-A layer has left the device when it has at least one parameter of its own and none of them is on
-the device. A tensor is on the device when it is of the device type (`DEVICE_TYPE`, read through
-the tensor's own `is_<type>` flag) and its storage holds bytes. So a parameter moved to the CPU or
-to `meta`, and one whose storage was resized to zero bytes (what megatron-core's buffer
-`offload_to_cpu` and verl's `storage().resize_(0)` leave; what AReaL's and SkyRL's
-`param.data = torch.empty(0, ...)` swap in), are off; a layer with one weight still on the device
-is on, and is never touched.
+A layer has left the device when it has at least one parameter of its own and every one of them
+has been offloaded. A parameter is offloaded when (a) it is off the device type (`DEVICE_TYPE`,
+read through the tensor's own `is_<type>` flag): moved to the CPU or to `meta` (verl's and ROLL's
+`.to("cpu")`, AReaL's and ChatLearn's `param.data = torch.empty(0, device="cpu")`); or (b) it is
+on the device type with its shape and a storage resized to zero bytes (megatron-core's buffer
+`offload_to_cpu`, verl's, SkyRL's, RLinf's and Relax's `storage().resize_(0)` under the views).
+A layer with one weight still on the device is on, and is never touched.
 
-A sharding wrapper frees weight storage between microbatches too (a reshard, not an offload): a
-parameter that such a wrapper manages never counts as off, wherever its data is. They are told by
-the mark each one leaves: FSDP1's `_fsdp_flattened` on every original parameter (torch
-distributed/fsdp/_flat_param.py), Megatron-FSDP's `__fsdp_param__` (megatron_fsdp.py,
-megatron-core 0.14+), and FSDP2's DTensor parameters. Any other tensor subclass on the device
-(TE's FP8 primary weights) is on unless every inner data tensor TE keeps it in holds zero bytes;
-one that cannot be read is on. Not knowing means "on": the net then clears nothing.
+A sharding wrapper frees weight storage between microbatches too: a reshard, not an offload, and
+a cache cleared then changes the next microbatch's numbers (TE reuses it when
+`is_first_microbatch=False`). So the rule errs toward clearing nothing mid-step:
+- a parameter on the device type with no elements (its data swapped for an empty tensor there) is
+  not known to be offloaded, so it is on. That is DeepSpeed ZeRO-3's `free_param` after each use
+  (`torch.empty(0, dtype, device=param.device)`), FSDP1's views of the shards a rank does not
+  hold, and whatever an unknown wrapper does the same way. The one offload of this shape that the
+  net still clears is one that marks the parameter as it swaps (`know`'s `offload_marks`: SkyRL's
+  LoRA offload keeps the CPU copy in `param._offload_cpu_data`);
+- a parameter that carries a sharding wrapper's mark (`know`'s `sharded_marks`, `sharded_types`)
+  is never offloaded, wherever its data is: on the device, on the CPU after a wrapper's own CPU
+  offload, or freed by a reshard (a wrapper that resizes its flat buffer under full-shaped views
+  looks like (b) above, and only its mark tells);
+- a tensor subclass other than TE's quantized tensors (DTensor) is on; TE's quantized tensor is off
+  only when every inner data tensor TE keeps it in is offloaded by (a) or (b); one that cannot be
+  read is on.
+Not knowing means "on": the net then clears nothing. What the wrappers mark is integrations'
+knowledge (integrations/flush.py), handed down by `know`: this module knows TE only.
 
 `DEVICE_TYPE` is the one seam: a CPU stand-in for the device answers `is_cuda` for its CPU tensors
 (harness/te_twin does), and a test of the rule on plain CPU tensors sets it to "cpu".
@@ -28,8 +39,12 @@ from typing import Any, Protocol
 
 DEVICE_TYPE = "cuda"  # the device type whose tensors count as "on the device"
 
-# Instance attributes by which a sharding wrapper marks the parameters it manages (see above).
-SHARDING_MARKS = ("_fsdp_flattened", "__fsdp_param__")
+# Handed down by `know` (integrations/flush.py): the type names and instance attributes by which a
+# sharding wrapper marks the parameters it manages, and the attributes an offload leaves on a
+# parameter it swaps for an empty tensor on the device.
+_sharded_types: frozenset[str] = frozenset()
+_sharded_marks: tuple[str, ...] = ()
+_offload_marks: tuple[str, ...] = ()
 # Where a TE quantized parameter keeps its bytes (te/sizes.py has the full list, for caches).
 QUANTIZED_DATA = ("_data", "_rowwise_data", "_columnwise_data")
 
@@ -39,17 +54,35 @@ def flag() -> str:
     return f"is_{DEVICE_TYPE}"
 
 
+def know(sharded_types: Iterable[str], sharded_marks: Iterable[str], offload_marks: Iterable[str]) -> None:
+    """Take the sharding wrappers' and the offloads' marks (see above) from the layer that knows them."""
+    global _sharded_types, _sharded_marks, _offload_marks
+    _sharded_types, _sharded_marks = frozenset(sharded_types), tuple(sharded_marks)
+    _offload_marks = tuple(offload_marks)
+
+
 def on_device(tensor: Any, is_device: str | None = None) -> bool:
-    """Whether `tensor` is on the device and holds bytes there. Cheap for a plain tensor (one flag,
-    one storage size): the net asks it of one parameter per TE layer at every flush."""
+    """Whether `tensor` is not known to be offloaded (see above). Cheap for a plain tensor holding
+    bytes (one flag, one storage size): the net asks it of one parameter per TE layer at every flush."""
+    is_device = is_device or flag()
     try:
-        if not getattr(tensor, is_device or flag()):
+        if not getattr(tensor, is_device):
             return False
         if type(tensor) not in _plain_types():
-            return _subclass_on_device(tensor)
-        return tensor.untyped_storage().nbytes() > 0
+            return _subclass_on_device(tensor, is_device)
+        return _kept(tensor)
     except Exception:
         return True  # not knowing is "on": the layer is left alone
+
+
+def _kept(tensor: Any) -> bool:
+    """A tensor of the device type: on unless its storage was resized away under its shape, or an
+    offload that swapped it for an empty one marked it."""
+    nbytes = tensor.untyped_storage().nbytes()
+    if nbytes or tensor.numel():
+        return nbytes > 0
+    d = object.__getattribute__(tensor, "__dict__")
+    return not any(mark in d for mark in _offload_marks)
 
 
 def left_device(layer: Any, is_device: str | None = None) -> bool:
@@ -158,25 +191,18 @@ def _plain_types() -> tuple[type, ...]:
 
 
 def _sharded(tensor: Any) -> bool:
-    if type(tensor).__name__ == "DTensor":
+    if type(tensor).__name__ in _sharded_types:
         return True
     try:
         d = object.__getattribute__(tensor, "__dict__")
     except Exception:
         return True
-    return any(d.get(mark) for mark in SHARDING_MARKS)
+    return any(mark in d for mark in _sharded_marks)  # present, whatever its value (DeepSpeed's ds_id 0)
 
 
-def _subclass_on_device(tensor: Any) -> bool:
+def _subclass_on_device(tensor: Any, is_device: str) -> bool:
     """A tensor subclass of the device type: off only when it is TE's quantized tensor and every
-    inner data tensor holds zero bytes (or has left the device)."""
-    if type(tensor).__name__ == "DTensor":
-        return True
+    inner data tensor is offloaded (off the device type, or of it with zero bytes under its shape)."""
     d = object.__getattribute__(tensor, "__dict__")
     inner = [d[name] for name in QUANTIZED_DATA if d.get(name) is not None]
-    if not inner:
-        return True
-    for t in inner:
-        if getattr(t, flag()) and t.untyped_storage().nbytes() > 0:
-            return True
-    return False
+    return not inner or any(getattr(t, is_device) and _kept(t) for t in inner)

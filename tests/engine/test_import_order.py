@@ -171,7 +171,7 @@ def test_wrapt_in_use_is_the_one_ci_asked_for() -> None:
 
 @pytest.mark.subprocess()
 def test_torch_in_use_is_the_one_ci_asked_for() -> None:
-    """CI runs the wrapper tests and a twin subset again under torch 2.14.1 (.deps/torch-2.14.1)."""
+    """CI runs the wrapper tests, the net's and a twin subset again under torch 2.15.0 (.deps/torch-2.15.0)."""
     import os
 
     import torch

@@ -65,7 +65,7 @@ def test_an_offloaded_layer_is_cleared_at_the_flush_and_the_line_names_the_calle
     logging.getLogger().setLevel(logging.WARNING)
     offloaded, kept, swapped = (net_case.cached_linear(te, seed) for seed in range(3))
     net_case.offload_like_megatron(offloaded)
-    net_case.offload_like_areal(swapped)
+    net_case.offload_off_the_device_type(swapped)
     _flush_from_an_unknown_offload()
 
     assert (net_case.entries(offloaded), net_case.entries(kept), net_case.entries(swapped)) == (0, 1, 0)

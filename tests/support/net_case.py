@@ -51,12 +51,12 @@ def offload_like_megatron(layer: Any) -> None:
         param.data.untyped_storage().resize_(0)
 
 
-def offload_like_areal(layer: Any) -> None:
-    """AReaL's release of a chunk outside a DDP buffer: `param.data = torch.empty(0, device="cpu")`."""
-    import torch
-
-    for param in layer.parameters():
-        param.data = torch.empty(0, device="cpu")
+def offload_off_the_device_type(layer: Any) -> None:
+    """Every weight moved off the device type, as verl's `.to("cpu")` and AReaL's
+    `param.data = torch.empty(0, device="cpu")` leave a chunk without DDP on a GPU. The twin's CPU is
+    its device (and an empty tensor on the device is what a reshard leaves, which the net keeps), so
+    here the layer goes to `meta`, off the twin's device type."""
+    layer.to("meta")
 
 
 def entries(layer: Any) -> int:

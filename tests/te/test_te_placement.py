@@ -1,5 +1,7 @@
-"""The flush net's rule (te/placement.py) on real tensors: device type, zero-byte storage, meta, and
-the parameters of sharding wrappers, which never count as offloaded.
+"""The flush net's rule (te/placement.py) on real tensors: device type, zero-byte storage under a
+shape, meta, empty swaps on the device (a reshard's, kept), and the parameters of sharding wrappers,
+which never count as offloaded; the wrappers' marks handed down from integrations/flush.py as the
+net's arming does.
 
 torch here has no GPU: a plain CPU tensor is off the "cuda" device, which is what the real rule
 answers for an offload to the CPU; with `DEVICE_TYPE = "cpu"` (the seam) the CPU is the device, so
@@ -13,13 +15,29 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from te_offload_shim.integrations import flush
 from te_offload_shim.te import placement
+
+
+@pytest.fixture(autouse=True)
+def marks_handed_down(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("_sharded_types", "_sharded_marks", "_offload_marks"):
+        monkeypatch.setattr(placement, name, getattr(placement, name))  # put back after the test
+    placement.know(flush.SHARDED_TYPES, flush.SHARDED_MARKS, flush.OFFLOAD_MARKS)
+    yield
 
 
 @pytest.fixture
 def cpu_is_the_device(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(placement, "DEVICE_TYPE", "cpu")
     yield
+
+
+def _resized_away(n: int = 4) -> torch.Tensor:
+    """A tensor of `n` elements whose storage was resized to zero bytes (megatron-core's buffer offload)."""
+    t = torch.ones(n)
+    t.untyped_storage().resize_(0)
+    return t
 
 
 def _layer(*params: torch.Tensor) -> torch.nn.Module:
@@ -47,12 +65,22 @@ def test_a_zero_byte_storage_is_off(cpu_is_the_device: None) -> None:
     view = resized[2:6]
     resized.untyped_storage().resize_(0)  # megatron-core's buffer offload, verl's storage().resize_(0)
     assert not placement.on_device(resized) and not placement.on_device(view)
-    assert not placement.on_device(torch.empty(0)), "AReaL's / SkyRL's param.data = torch.empty(0)"
+
+
+def test_an_empty_tensor_on_the_device_is_kept_unless_an_offload_marked_it(cpu_is_the_device: None) -> None:
+    """`param.data = torch.empty(0, device=<the device>)` is DeepSpeed ZeRO-3's free after each use, and
+    any unknown wrapper's reshard that frees the same way: not known to be an offload, so on. SkyRL's
+    LoRA offload swaps the same, and marks the parameter with the CPU copy it keeps: off."""
+    swapped = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+    assert placement.on_device(swapped) and not placement.left_device(_layer(torch.empty(0)))
+    swapped._offload_cpu_data = torch.ones(4)  # type: ignore[attr-defined]
+    assert not placement.on_device(swapped)
+    assert not placement.on_device(torch.empty(0, device="meta")), "off the device type: off, empty or not"
 
 
 def test_a_layer_has_left_only_when_every_own_weight_has(cpu_is_the_device: None) -> None:
-    gone = torch.empty(0)
-    assert placement.left_device(_layer(gone, torch.empty(0)))
+    gone = _resized_away()
+    assert placement.left_device(_layer(gone, _resized_away()))
     assert not placement.left_device(_layer(gone, torch.ones(3))), "half on the device: on"
     assert not placement.left_device(_layer(torch.ones(3), gone)), "the first weight on: on at one look"
     assert not placement.left_device(torch.nn.Module()), "no weights: nothing says it was offloaded"
@@ -62,11 +90,29 @@ def test_a_layer_has_left_only_when_every_own_weight_has(cpu_is_the_device: None
 
 
 def test_parameters_of_a_sharding_wrapper_never_count_as_offloaded(cpu_is_the_device: None) -> None:
-    for mark in placement.SHARDING_MARKS:  # FSDP1's _fsdp_flattened, Megatron-FSDP's __fsdp_param__
-        layer = _layer(torch.empty(0))
-        setattr(next(layer.parameters()), mark, True)
+    """FSDP1's _fsdp_flattened, Megatron-FSDP's __fsdp_param__, DeepSpeed's ds_id (0 for the first
+    parameter: the mark's presence counts, not its value), on a full-shaped zero-byte weight (a
+    wrapper that resizes its flat buffer away under views looks like a buffer offload)."""
+    assert flush.SHARDED_MARKS == ("_fsdp_flattened", "__fsdp_param__", "ds_id")
+    for mark in flush.SHARDED_MARKS:
+        layer = _layer(_resized_away())
+        setattr(next(layer.parameters()), mark, 0)
         assert not placement.left_device(layer), mark
-        assert placement.left_device(_layer(torch.empty(0))), "the same layer without the mark"
+        assert placement.left_device(_layer(_resized_away())), "the same layer without the mark"
+
+
+def test_a_quantized_weight_is_read_on_the_device_type_asked() -> None:
+    """TE's quantized parameter (a tensor subclass keeping its bytes in `_data`), asked about the CPU
+    while the module's device type is CUDA: its inner data is read with the same flag."""
+
+    class Quantized(torch.Tensor):
+        pass
+
+    q = torch.Tensor._make_subclass(Quantized, torch.ones(4))
+    q._data = torch.ones(4)  # type: ignore[attr-defined]
+    assert placement.on_device(q, "is_cpu"), "its data holds bytes on the CPU"
+    q._data = _resized_away()  # type: ignore[attr-defined]
+    assert not placement.on_device(q, "is_cpu")
 
 
 def test_an_unreadable_tensor_counts_as_on(cpu_is_the_device: None) -> None:
@@ -80,7 +126,7 @@ def test_an_unreadable_tensor_counts_as_on(cpu_is_the_device: None) -> None:
 
 
 def test_the_flush_loop_finds_exactly_the_offloaded_layers(cpu_is_the_device: None) -> None:
-    gone = torch.empty(0)
+    gone = _resized_away()
     on, off, half, bare = _layer(torch.ones(2)), _layer(gone, gone), _layer(gone, torch.ones(2)), torch.nn.Module()
     first_none = _layer(gone)
     first_none.register_parameter("a_none_first", None)

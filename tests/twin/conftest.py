@@ -161,7 +161,7 @@ def _twin_run(release: str, sm: int, config: pytest.Config) -> dict[str, Any]:
 def _run_child(release: str, sm: int, path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TE_OFFLOAD_SHIM", "NVTE_", "PYTEST_XDIST"))}
     env.update({CHILD: release, CHILD_SM: str(sm), REPORT: str(path) + ".part", "PYTHONPATH": str(REPO)})
-    if os.environ.get("TEST_PYTHONPATH_PREFIX"):  # CI's torch 2.14.1 pass: that torch in the twin process too
+    if os.environ.get("TEST_PYTHONPATH_PREFIX"):  # CI's torch 2.15.0 pass: that torch in the twin process too
         env["PYTHONPATH"] = os.pathsep.join([os.environ["TEST_PYTHONPATH_PREFIX"], str(REPO)])
     files = sorted(str(p.relative_to(REPO)) for p in Path(__file__).parent.glob("test_*.py"))
     args = [

@@ -17,9 +17,14 @@ Megatron's schedule, is offloaded after each step by code no row knows, each end
 is declared: only the net can clear. Each run is done twice in one interpreter, the net off
 (`TE_OFFLOAD_SHIM_NET=0`, read at every flush) and on, and compared to the bit.
 
-On the twin a tensor is "on the device" when it holds bytes (the twin's `is_cuda` is True for its
-CPU tensors): a zero-byte storage or a zero-byte swap is "off". `param.data.to("cpu")` keeps its bytes
-on the twin, so the plain-chunk case uses AReaL's swap, not SkyRL's move. The flushes are observed by
+On the twin every tensor is of the device type (the twin's `is_cuda` is True for its CPU tensors),
+so what is "off" here is what is off on a GPU without leaving the device type: a storage resized to
+zero bytes under the parameter's shape (the DDP buffers' offload), or an empty swap the offload marks
+(SkyRL's LoRA). `param.data.to("cpu")` keeps its bytes on the twin, and AReaL's
+`torch.empty(0, device="cpu")` swap of a chunk without DDP is an empty tensor on the device here,
+which the rule keeps as it keeps a sharding wrapper's reshard (on a GPU both are off the device
+type, tests/te/test_te_placement.py). The reshards themselves: DeepSpeed ZeRO-3 (real 0.19.8) and a
+wrapper that leaves no mark, between microbatches, clear nothing. The flushes are observed by
 a recorder the net wraps (put in place of the twin's no-op before TE is imported): the net runs
 first, and the caller it names is the offload's own.
 
@@ -233,11 +238,21 @@ def test_four_offloads_no_row_knows_are_cleared_at_their_flush_bit_identical_to_
     assert "awex/megatron.py:" in lines[0] and "in release_memory" in lines[0], lines
 
 
+def _resized_away(t: Any) -> Any:
+    """A tensor of `t`'s shape whose storage was resized to zero bytes (megatron-core's buffer offload)."""
+    import torch
+
+    gone = torch.empty_like(t)
+    gone.untyped_storage().resize_(0)
+    return gone
+
+
 @twin
 def test_skyrl_lora_offload_and_a_chunk_without_ddp_are_cleared_and_a_layer_half_on_the_device_is_not() -> None:
     """SkyRL's `is_lora=True` (the buffers stay, the frozen TE weights become zero-byte tensors on
     CUDA): 0 caches at its flush, training bit-identical to the net off. AReaL's release of a chunk
-    without DDP (a reference model, forward only): 0. A layer with one weight left on the device keeps
+    without DDP (a reference model, forward only): its CPU swap is an empty tensor on the twin's
+    device, kept as a reshard would be (off the device type on a GPU). A layer with one weight left on the device keeps
     its cache while the layer beside it, wholly off, loses its own in the same flush."""
     shim = _start()
     import torch
@@ -275,7 +290,7 @@ def test_skyrl_lora_offload_and_a_chunk_without_ddp_are_cleared_and_a_layer_half
             gpt.train_step(ref, 0, forward_only=True)
             assert gpt.te_float8_entries([ref]) == ENTRIES
             backend.release_memory(["weights"])
-            assert seen == [0], "AReaL's zero-byte swap of a chunk without DDP is cleared at its flush"
+            assert seen == [ENTRIES], "on the twin AReaL's CPU swap is an empty tensor on the device: kept"
             backend.resume_memory(["weights"])
 
             seen.clear()
@@ -283,11 +298,109 @@ def test_skyrl_lora_offload_and_a_chunk_without_ddp_are_cleared_and_a_layer_half
             layer = ref.decoder.layers[0].mlp
             half, whole = layer.linear_fc1, layer.linear_fc2  # LayerNormLinear, Linear
             kept = half.weight.data
-            half.weight.data = torch.empty(0, device="cpu")  # its layer-norm weight stays on the device
+            half.weight.data = _resized_away(kept)  # its layer-norm weight stays on the device
             for param in whole.parameters():
-                param.data = torch.empty(0, device="cpu")
+                param.data = _resized_away(param.data)
             torch.cuda.empty_cache()
             assert seen == [ENTRIES - 1], "only the layer wholly off the device was cleared"
             assert half.__dict__["_fp8_workspaces"] and not whole.__dict__["_fp8_workspaces"]
             half.weight.data = kept
     assert shim.stats()["calls"] == 0, "no table row cleared anything"
+
+
+DEEPSPEED = REPO / ".deps" / "deepspeed-0.19.8"  # scripts/setup-env.sh: its PyPI sdist, --no-deps
+ZERO3 = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
+ONE_RANK = {"DS_ACCELERATOR": "cpu", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+
+
+def _zero3() -> Any:
+    """Real DeepSpeed 0.19.8 on the CPU (its CPU accelerator), one rank over gloo. Its C++
+    shared-memory all-reduce is compiled at the first `init_distributed` (about two minutes here) and
+    a world of one never calls it: it is marked not compatible, DeepSpeed's own path where it cannot
+    build (deepspeed/comm/torch.py `build_shm_op` then returns None)."""
+    if not DEEPSPEED.is_dir():
+        pytest.skip(f"{DEEPSPEED.relative_to(REPO)} is missing: run scripts/setup-env.sh")
+    sys.path.insert(0, str(DEEPSPEED))
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    import deepspeed
+    from deepspeed.ops.op_builder import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+    return deepspeed
+
+
+@pytest.mark.subprocess(env={**NO_ROWS, **ONE_RANK}, timeout=300)
+@pytest.mark.parametrize("reshard", ["deepspeed-zero3", "unmarked"])
+def test_a_reshard_between_microbatches_is_never_taken_for_an_offload_bit_identical_to_the_net_off(
+    reshard: str,
+) -> None:
+    """A bias-free TE projection whose one weight a sharding wrapper frees after each use: real
+    DeepSpeed ZeRO-3 (`zero.Init` partitions it; leaving `GatheredParameters`, as after each
+    submodule's use, runs `free_param`: `param.data = torch.empty(0, dtype, device=param.device)`
+    with `ds_shape` keeping the real shape), or a wrapper that leaves no mark and frees the same
+    way. Six microbatches under delayed scaling, `is_first_microbatch=False` after the first (TE
+    reuses its cache), a flush between each: the net clears nothing (every weight is "off" by its
+    bytes, none by the rule) and every loss, input gradient and the weight's gradient are the
+    bits of the net off. On 0.6.0 the net cleared the cache at each flush: 5 of 6 losses moved."""
+    shim = _start()
+    import torch
+
+    from harness import te_twin
+    from harness.te_twin import training
+
+    deepspeed = _zero3() if reshard == "deepspeed-zero3" else None
+    te = training.te()
+
+    kept: list[int] = []  # TE's caches left after each flush
+
+    def run(on: bool) -> list[Any]:
+        with _net(on):
+            torch.manual_seed(0)
+            layer = te.Linear(training.HIDDEN, training.HIDDEN, bias=False, params_dtype=torch.float32)
+            weight, full = layer.weight, layer.weight.data
+            if deepspeed is not None:
+                deepspeed.zero.Init(module=layer, config_dict_or_path=ZERO3)
+                assert tuple(weight.ds_shape) == (training.HIDDEN,) * 2, "partitioned: the shard is ds_tensor"
+            else:
+                weight.data = torch.empty(0, dtype=weight.dtype, device=weight.device)
+
+            @contextlib.contextmanager
+            def gathered() -> Iterator[None]:
+                """The weight whole for one use: DeepSpeed's all-gather (its engine's pre-forward hook does
+                the same), then its `free_param`; or the unmarked wrapper's same two steps."""
+                if deepspeed is not None:
+                    with deepspeed.zero.GatheredParameters([weight]):
+                        yield
+                    return
+                weight.data = full
+                yield
+                weight.data = torch.empty(0, dtype=weight.dtype, device=weight.device)
+
+            recipe = training.make_recipe("DelayedScaling")
+            torch.manual_seed(1)
+            out: list[Any] = []
+            for microbatch in range(6):
+                x = torch.randn(training.TOKENS, training.HIDDEN, requires_grad=True)
+                with gathered():
+                    with te_twin.autocast(recipe):
+                        y = layer(x, is_first_microbatch=microbatch == 0)
+                    loss = y.float().square().mean()
+                    loss.backward()
+                assert weight.numel() == 0, "freed again after its use"
+                torch.cuda.empty_cache()  # a flush between microbatches
+                kept.append(len(layer.__dict__["_fp8_workspaces"]))
+                out += [loss.detach(), x.grad]
+            return [*out, weight.grad]
+
+    off, on = run(False), run(True)
+    from harness import gpt_on_twin as gpt
+
+    assert all(gpt.same_bits(a, b) for a, b in zip(off, on, strict=True)), [
+        (a.item().hex(), b.item().hex()) for a, b in zip(off[:12:2], on[:12:2], strict=True)
+    ]
+    assert kept == [1] * 12, "the cache TE reuses is kept at every flush"
+    net = shim.stats()["net"]
+    assert net["flushes"] == 6 and net["cleared_flushes"] == 0, net  # the net off counts no flush
