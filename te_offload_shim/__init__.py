@@ -273,8 +273,9 @@ def __dir__() -> "list[str]":
 #   (pytest's assertion rewriter), so the next watched module is chained again. `sys.meta_path` is
 #   replaced, never edited: another thread's import may be walking it.
 
-_local = _thread._local()  # per thread: `searching` (names this thread looks up for the finder), `firing`
+_local = _thread._local()  # per thread: `searching`, the names it looks up for the finder
 _fired: "dict[str, object]" = {}  # name -> the module object its callbacks ran for
+_busy: "list[int]" = []  # the thread running callbacks now, under `_lock`
 
 
 class _Finder:
@@ -357,22 +358,26 @@ class _Chained:
 
 
 def _fire(name=None, module=None):  # type: (str | None, Any) -> None
-    # The callbacks of `name`, whose body has just run in `module`, then of every module due.
-    if getattr(_local, "firing", False):
+    # The callbacks of `name`, whose body has just run in `module`, then of every module due. An
+    # import chained only for what is due (name None) never waits for another thread's firing: it
+    # may be a module that firing is importing right now (wrapt, logging), and that thread takes
+    # what is due when its callback returns.
+    me = _thread.get_ident()
+    if me in _busy or (name is None and _busy):
         return  # inside a callback on this thread: `name` is due when it returns
     with _lock:
-        _local.firing = True
+        _busy.append(me)
         try:
             while True:
                 if name is not None and name in _watched:
                     _on_import(name, module)
-                    _fired[name] = module
+                    _fired[name] = module  # after: callbacks an interrupt cut short are due again
                 due = _due()
                 if not due:
                     return
                 name, module = due[0]
         finally:
-            _local.firing = False
+            _busy.remove(me)
 
 
 def _due():  # type: () -> list[tuple[str, Any]]
@@ -462,7 +467,8 @@ def _after_fork_in_parent():  # type: () -> None
 
 def _after_fork_in_child():  # type: () -> None
     global _lock
-    _lock = _thread.RLock()  # free whatever the parent's other threads held
+    _lock = _thread.RLock()  # free whatever the parent's other threads held (the wait ran out)
+    _busy[:] = [t for t in _busy if t == _thread.get_ident()]
 
 
 # `importlib.reload(te_offload_shim)` runs this file again in the same namespace: the finder on the
