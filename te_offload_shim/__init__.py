@@ -368,6 +368,9 @@ def _fire(name=None, module=None):  # type: (str | None, Any) -> None
     with _lock:
         _busy.append(me)
         try:
+            if not _fork_hooks_after_logging:
+                __import__("logging")  # the callbacks load it first anyway (`_log`)
+                _register_fork_hooks()
             while True:
                 if name is not None and name in _watched:
                     _on_import(name, module)
@@ -455,27 +458,42 @@ def _before_fork():  # type: () -> None
     # A fork waits for the install, uninstall or callbacks in flight on another thread, so that the
     # child never holds them half done (the shim's modules half loaded, locked by a thread it does
     # not have). Up to 5 s: a callback stuck longer is the application's hang, not one to spread.
-    _lock.acquire(timeout=5)
+    # Once per fork, however many times the hooks are registered.
+    if not _forking:
+        _forking.append(_lock.acquire(timeout=5))
 
 
 def _after_fork_in_parent():  # type: () -> None
-    try:
+    if _forking and _forking.pop():
         _lock.release()
-    except RuntimeError:  # the wait above ran out: not ours to release
-        pass
 
 
 def _after_fork_in_child():  # type: () -> None
     global _lock
+    _forking.clear()
     _lock = _thread.RLock()  # free whatever the parent's other threads held (the wait ran out)
     _busy[:] = [t for t in _busy if t == _thread.get_ident()]
+
+
+def _register_fork_hooks():  # type: () -> None
+    # The hooks registered last run first at a fork, and logging's takes its module lock, which a
+    # firing that loads a module calling `logging.getLogger` needs (`_log`, wrapt's asyncio): so
+    # ours are registered again at the first firing, logging imported first, and run before it.
+    global _fork_hooks_after_logging
+    _fork_hooks_after_logging = "logging" in sys.modules
+    if hasattr(os, "register_at_fork"):  # POSIX
+        os.register_at_fork(
+            before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+        )
 
 
 # `importlib.reload(te_offload_shim)` runs this file again in the same namespace: the finder on the
 # meta path is kept (no second one), and install() below patches again what is imported, which the
 # engine finds already patched.
-if hasattr(os, "register_at_fork") and "_finder" not in globals():  # POSIX; once per process
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+_forking: "list[bool]" = []  # while a fork runs: whether its wait took `_lock`
+if "_finder" not in globals():  # once per process: a reload finds them registered
+    _fork_hooks_after_logging = False
+    _register_fork_hooks()
 _finder = globals().get("_finder") or _Finder()
 
 install()
