@@ -423,13 +423,15 @@ def _on_import(name, module):  # type: (str, ModuleType) -> None
     except Exception as exc:  # a hook never fails the import...
         if _from_signal_handler(exc):
             raise  # ...but the application's signal handler's exception is on its way to it
-        why = f"{type(exc).__name__}: {exc}"
-        if f"{name}: {why}" not in _hook_errors:
-            _hook_errors.append(f"{name}: {why}")
+        why = f"{name}: {type(exc).__name__}"
         try:
-            _resolve("te_offload_shim._log:warn_once")(
-                f"hook:{name}", "te_offload_shim: patching %s failed (%s); it runs unpatched", name, why
-            )
+            why = f"{why}: {exc}"
+        except Exception:  # an exception whose __str__ raises
+            pass
+        if why not in _hook_errors:
+            _hook_errors.append(why)  # for status()
+        try:
+            _resolve("te_offload_shim._log:warn_once")(f"hook:{name}", "te_offload_shim: patching failed (%s)", why)
         except Exception:  # not even logging may fail the import
             pass
 
