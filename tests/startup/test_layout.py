@@ -146,7 +146,7 @@ def test_only_the_start_up_module_writes_the_hooks_state() -> None:
                     and target.value.id in ("_shim", "te_offload_shim", "shim")
                     and (not isinstance(node, ast.Call) or node.func.attr in MUTATORS)  # type: ignore[attr-defined]
                 ):
-                    writes.append(f"{path.name}:{node.lineno} {target.attr}")
+                    writes.append(f"{path.name}:{getattr(node, 'lineno', 0)} {target.attr}")
     assert writes == [], writes
 
 
