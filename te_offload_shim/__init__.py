@@ -368,9 +368,6 @@ def _fire(name=None, module=None):  # type: (str | None, Any) -> None
     with _lock:
         _busy.append(me)
         try:
-            if not _fork_hooks_after_logging:
-                __import__("logging")  # the callbacks load it first anyway (`_log`)
-                _register_fork_hooks()
             while True:
                 if name is not None and name in _watched:
                     _on_import(name, module)
@@ -418,6 +415,10 @@ def _module_namespace(module):  # type: (object) -> dict[str, Any] | None
 
 
 def _on_import(name, module):  # type: (str, ModuleType) -> None
+    # Under `_lock`, this thread in `_busy`.
+    if not _fork_hooks_after_logging:
+        __import__("logging")  # the callbacks load it first anyway (`_log`)
+        _register_fork_hooks()
     try:
         _resolve(_watched.get(name, _PATCH_TARGETS))(module)
     except Exception as exc:  # a hook never fails the import...

@@ -33,6 +33,19 @@ def test_import_loads_one_module_of_ours_and_nothing_else() -> None:
     assert set(sys.modules) - before == {"te_offload_shim"}
 
 
+def test_import_in_a_bare_interpreter_loads_one_module_and_nothing_else() -> None:
+    """The same in a plain `python -c` (pytest's child has loaded logging and more already): a
+    standard-library module brought in at start-up would cost every interpreter of a cluster."""
+    import os
+    import subprocess
+
+    code = "import sys; before = set(sys.modules); import te_offload_shim; print(sorted(set(sys.modules) - before))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
+    env["PYTHONPATH"] = str(PACKAGE.parent)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['te_offload_shim']"
+
+
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_STRICT": "1"}, fresh=True)
 def test_a_switch_set_adds_only_the_switches_module() -> None:
     before = set(sys.modules)
