@@ -273,7 +273,7 @@ def __dir__() -> "list[str]":
 #   (pytest's assertion rewriter), so the next watched module is chained again. `sys.meta_path` is
 #   replaced, never edited: another thread's import may be walking it.
 
-_local = _thread._local()  # per thread: `searching`, the names it looks up for the finder
+_local = _thread._local()  # per thread: `searching` (the names it looks up for the finder), `forking`
 _fired: "dict[str, object]" = {}  # name -> the module object its callbacks ran for
 _busy: "list[int]" = []  # the thread running callbacks now, under `_lock`
 
@@ -461,19 +461,19 @@ def _before_fork():  # type: () -> None
     # A fork waits for the install, uninstall or callbacks in flight on another thread, so that the
     # child never holds them half done (the shim's modules half loaded, locked by a thread it does
     # not have). Up to 5 s: a callback stuck longer is the application's hang, not one to spread.
-    # Once per fork, however many times the hooks are registered.
-    if not _forking:
-        _forking.append(_lock.acquire(timeout=5))
+    # Once per fork, however many times the hooks are registered; per thread, as forks are.
+    if "forking" not in _local.__dict__:
+        _local.forking = _lock.acquire(timeout=5)
 
 
 def _after_fork_in_parent():  # type: () -> None
-    if _forking and _forking.pop():
+    if _local.__dict__.pop("forking", False):
         _lock.release()
 
 
 def _after_fork_in_child():  # type: () -> None
     global _lock
-    _forking.clear()
+    _local.__dict__.pop("forking", None)
     _lock = _thread.RLock()  # free whatever the parent's other threads held (the wait ran out)
     _busy[:] = [t for t in _busy if t == _thread.get_ident()]
 
@@ -493,7 +493,6 @@ def _register_fork_hooks():  # type: () -> None
 # `importlib.reload(te_offload_shim)` runs this file again in the same namespace: the finder on the
 # meta path is kept (no second one), and install() below patches again what is imported, which the
 # engine finds already patched.
-_forking: "list[bool]" = []  # while a fork runs: whether its wait took `_lock`
 if "_finder" not in globals():  # once per process: a reload finds them registered
     _fork_hooks_after_logging = False
     _register_fork_hooks()
