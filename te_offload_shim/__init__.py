@@ -18,38 +18,23 @@ defined in `te_offload_shim.api` and exported here.
 # private functions' types are type comments, which mypy reads and start-up does not (annotations
 # are built at each `def`, some 1k instructions each; the public functions keep theirs), and names
 # that exist only for type checkers are quoted (`typing` costs milliseconds and `from __future__`
-# imports a module); every `def` (and, up to 3.11, comprehension) is a code object to unmarshal at
-# each start, so the rarely run code (fork, reload) loops rather than comprehends; and what most
-# processes never run (chaining a loader, running callbacks, uninstall, the reports) lives in
-# modules loaded on first use.
+# imports a module).
 
-import _frozen_importlib as _bootstrap  # importlib._bootstrap, loaded in every interpreter (even under -S)
-import _frozen_importlib_external as _bootstrap_external
 import _thread
-import _weakref
 import os
 import sys
 
 TYPE_CHECKING = False
 
-# `importlib.reload(te_offload_shim)` (IPython's autoreload, a plugin reloader) runs this file again
-# in the same namespace. What the package held then is kept, not dropped: the install state below
-# (`_kept`), and the watcher's, which a new watcher takes over (`_take_over`, end of file); else a
-# second watcher stayed behind, and `uninstall()` removed one of them.
-_reloading = "_watcher" in globals()
-_kept = globals().copy() if _reloading else {}
-
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable  # noqa: F401  (read in type comments)
     from types import ModuleType
-    from typing import Any
+    from typing import Any  # noqa: F401  (read in type comments)
 
     from te_offload_shim.engine.schema import Target
     from te_offload_shim.engine.states import Stats, Status, TargetRow, TargetState
     from te_offload_shim.reports.residue import ResidueReport
     from te_offload_shim.te.report import CacheReport, ShimError, Skipped
-
-    Callback = Callable[[ModuleType], None]
 
     # The functions of `api`, as type checkers see them here (`__getattr__` loads the real ones).
     # Declared rather than imported: `api` reads this module's install state, so even a type-only
@@ -123,18 +108,20 @@ WATCH = {
     "transformer_engine.pytorch.module.base": "te_offload_shim.integrations.flush:on_te_import",
     **dict.fromkeys(BUILTIN_MODULES, _PATCH_TARGETS),
 }
-# WATCH plus the modules of TE_OFFLOAD_SHIM_TARGETS, as installed
-_watched: "dict[str, str]" = _kept.get("_watched", {})
+# WATCH plus the modules of TE_OFFLOAD_SHIM_TARGETS, as installed; replaced, never edited: the
+# finder reads it on every thread without a lock
+_watched: "dict[str, str]" = {}
 _READ_SWITCHES = "te_offload_shim.integrations.user_targets:read_at_install"
 
 # --- install, and the install state (this module is its one owner; others read it through the
 # functions below) ---------------------------------------------------------------------------------
 
-_lock = _kept.get("_lock") or _thread.RLock()  # serialises install and uninstall; replaced in a forked child
-_installed: bool = _kept.get("_installed", False)
-_user_targets: "tuple[Target, ...]" = _kept.get("_user_targets", ())
-_problems: "list[str]" = _kept.get("_problems", [])  # TE_OFFLOAD_SHIM_TARGETS entries that were ignored, for status()
-_hook_errors: "list[str]" = _kept.get("_hook_errors", [])  # patching a target module failed, for status()
+# Serialises install, uninstall and the running of callbacks; a fork waits for it (end of file).
+_lock = _thread.RLock()
+_installed = False
+_user_targets: "tuple[Target, ...]" = ()
+_problems: "list[str]" = []  # TE_OFFLOAD_SHIM_TARGETS entries that were ignored, for status()
+_hook_errors: "list[str]" = []  # patching a target module failed, for status()
 
 
 def install() -> bool:
@@ -166,8 +153,9 @@ def install() -> bool:
         watched = dict(WATCH)
         for target in _user_targets:
             watched.setdefault(target.module, _PATCH_TARGETS)
-        _watched = watched  # replaced, never edited: a callback on another thread may be reading it
-        _watcher.watch(_on_import, *watched)
+        _watched = watched
+        _to_front()
+        _fire()  # the watched modules imported before: at once
     return True
 
 
@@ -183,16 +171,14 @@ def _state():  # type: () -> tuple[bool, tuple[Target, ...], list[str], list[str
 def _uninstall(restore):  # type: (Callable[[BaseException | None], int]) -> int
     # The state half of api.uninstall(), under the install lock: the flag first (engine.registry
     # reads installed() under its own lock, so a patch in flight lands before and is undone, or does
-    # not land), then the watcher; `restore(error of unwatching, or None)` last, under the lock still.
-    global _installed
+    # not land), then the finder; `restore(None)` last, under the lock still.
+    global _installed, _watched
     with _lock:
         _installed = False
-        error = None
-        try:
-            _load_post_import().unwatch_all()
-        except Exception as exc:
-            error = exc
-        return restore(error)
+        _watched = {}
+        _fired.clear()
+        sys.meta_path = _meta_path_without()
+        return restore(None)
 
 
 def _any_switch_set():  # type: () -> bool
@@ -207,12 +193,6 @@ def _any_switch_set():  # type: () -> bool
         if name.startswith(prefix):
             return True
     return False
-
-
-def _on_import(module):  # type: (ModuleType) -> None
-    spec = getattr(module, "__spec__", None)
-    name = spec.name if spec is not None else module.__name__
-    _resolve(_watched.get(name, _PATCH_TARGETS))(module)
 
 
 def _resolve(spec):  # type: (str) -> Any
@@ -262,178 +242,162 @@ def __dir__() -> "list[str]":
     return sorted(names)
 
 
-# --- the post-import hook, the half that notices -------------------------------------------------
+# --- the post-import hook ------------------------------------------------------------------------
 #
-# `_watcher` runs callbacks right after a named module finishes executing. It is split in two: the
-# half here must be on `sys.meta_path` from the start, and notices a watched module; `_post_import`
-# attaches its callbacks to the import and runs them, and loads the first time a watched module turns up.
-# What the two promise, and how:
+# The shape of wrapt's `importer.py` and ddtrace's `ModuleWatchdog`: a meta path finder that answers
+# for a watched name by asking the finders behind it (a per-thread guard keeps it out of its own
+# look-up), and chains the loader it gets, so that the callbacks run right after the module's body,
+# on the importing thread. It relies on the public protocols only (PEP 451 finders and loaders,
+# `sys.meta_path`, `sys.modules`); it edits nothing of the import system and drops no module.
 #
-# - Nothing blocks on another thread's import, and nothing imports, executes or forces the load of
-#   a module itself (a lazily loaded module stays unloaded; a failed import is not retried).
-# - The normal path: `_watcher` is a meta path finder that answers only for watched names, by
-#   asking the rest of the meta path exactly as the import system would
-#   (`importlib._bootstrap._find_spec`, legacy `find_module` finders included), and chains the
-#   loader it got so the callbacks run after the module body (`exec_module`, or `load_module` for a
-#   legacy loader). It stays on `sys.meta_path`, so `importlib.reload` of a target fires again.
-# - An import already running when a name is watched (on another thread, or the module that is
-#   importing the shim right now): its spec is tagged, to run the callbacks when the import system
-#   marks it finished (`spec._initializing = False`, set at the end of every import since 3.4).
-# - Another finder put in front of ours: every time ours is consulted it moves back to the front,
-#   and notices any watched module that finished loading without it (the fallback that also covers
-#   loaders we could not chain): the import under way gets its spec tagged.
-# - `sys.meta_path` is replaced, never edited in place: another thread's import may be walking it.
-# - No import statement runs inside `find_spec`: the import system holds its global lock there,
-#   and an import that waits for a module lock held by a thread that waits for the global lock
-#   would deadlock both. `_post_import` is loaded there by hand (`_load_post_import`), taking no lock, and its
-#   body imports nothing an interpreter has not loaded already. Callbacks run after the module
-#   body, outside that lock.
+# - A module already imported when it is watched fires at once, in install(); so does one loaded
+#   without our loader (another finder in front of ours, an import already running at install, a
+#   module that imports the shim at its top, a lazily loaded module whose body ran at its first use):
+#   at the end of the process's next import, whatever it imports (`_due`, read at each import). A
+#   module still running its body is not due: `__spec__._initializing`, which the import system sets
+#   for every import since 3.4, is read, never written (were it gone, a module would count as
+#   finished, as wrapt and ddtrace take any module in sys.modules).
+# - Nothing here imports inside `find_spec`, where the import system holds its global lock; the
+#   callbacks import the shim's own modules after the module's body, where no import lock but that
+#   module's own is held, as the module's body itself would.
+# - A callback never fails an import: its exception is recorded for status() and logged once. The
+#   application's own exceptions go on: KeyboardInterrupt, SystemExit, and what its signal handler
+#   raises (Ctrl-C, Ray's `cancel`, a step timeout). Raised from `exec_module`, such an exception
+#   makes the import fail as it would have had it landed in the module's last line; the module is
+#   imported afresh, and fires, when the application imports it again.
+# - Callbacks run under `_lock`, one module at a time, and a fork waits for them (`_before_fork`):
+#   a child never holds the shim's modules half loaded by a thread it does not have.
+# - A callback that imports another watched module does not nest: that module is due when the
+#   callback returns, and fires then (our own modules would be half built inside it).
+# - The finder moves back to the front of `sys.meta_path` when it finds another in front of it
+#   (pytest's assertion rewriter), so the next watched module is chained again. `sys.meta_path` is
+#   replaced, never edited: another thread's import may be walking it.
 
-_POST_IMPORT = "te_offload_shim._post_import"
+_local = _thread._local()  # per thread: `searching` (the names it looks up for the finder), `forking`
+_fired: "dict[str, object]" = {}  # name -> the module object its callbacks ran for
+_busy: "list[int]" = []  # the thread running callbacks now, under `_lock`
 
 
-class _Watcher:
-    def __init__(self):  # type: () -> None
-        self.callbacks: dict[str, tuple[Callback, ...]] = {}  # replaced, never edited in place
-        self.fired: dict[str, Any] = {}  # name -> weak reference to the module object its callbacks ran for
-        # Never held while a callback runs or anything imports. Not a `_locks.Lock` (a module more
-        # at start-up); replaced in a forked child all the same (end of file).
-        self.lock = _thread.RLock()
-        self.on_error: Callable[[str, BaseException], None] | None = None
-        self.firing: dict[int, str] = {}  # thread -> the name whose callbacks it is running (see `_post_import`)
-        self.searching: set[tuple[int, str]] = set()  # (thread, name): our own look-ups in find_spec
-        # In a forked child: name -> weak reference to a module whose callbacks a thread that did
-        # not survive the fork was running. Its body has run (callbacks run after it), but its
-        # spec says "initializing" for good, since that thread's import never ends here.
-        self.cut_short: dict[str, Any] = {}
-        self.failures: dict[str, Any] = {}  # name -> `_post_import.Failure`: callbacks that raised, to run again
-        self.generation = 0  # imports begun (find_spec calls while watching): a retry waits for the next
-
-    def watch(self, callback, *names):  # type: (Callback, *str) -> None
-        # `callback(module)` after each name is imported; at once for one already imported (or when
-        # its import finishes, if it is running now). Never waits.
-        alone = (callback,)  # one tuple shared by every name that has only this callback
-        with self.lock:
-            for name in names:
-                callbacks = self.callbacks.get(name, ())
-                if callback not in callbacks:
-                    self.callbacks[name] = (*callbacks, callback) if callbacks else alone
-            if not sys.meta_path or sys.meta_path[0] is not self:
-                self._to_front()
-        for name in dict.fromkeys(names):  # a user target may repeat a built-in module
-            if name in sys.modules:
-                firing = _post_import_or_none(name)
-                if firing is not None:
-                    firing.arrived(name, callback)
-
+class _Finder:
     def find_spec(self, fullname, path=None, target=None):  # type: (str, Any, Any) -> Any
-        if not self.callbacks:
+        if not _watched:
             return None
-        self.generation += 1
         meta_path = sys.meta_path
-        if meta_path and meta_path[0] is not self:
-            with self.lock:
-                if self.callbacks:
-                    self._to_front()
-        unseen = bool(self.loaded_unseen())
-        watched = fullname in self.callbacks
-        if not watched and not unseen:
+        if not meta_path or meta_path[0] is not self:
+            _to_front()
+        watched = fullname in _watched
+        if not watched and not _due():
             return None
-        key = (_thread.get_ident(), fullname)
-        if key in self.searching:
-            return None  # our own search below: let the rest of the meta path answer
-        self.searching.add(key)
+        searching = _local.__dict__.setdefault("searching", set())
+        if fullname in searching:
+            return None  # our own look-up below, come back: the finders behind us answer
+        searching.add(fullname)
         try:
-            spec = _bootstrap._find_spec(fullname, path, target)  # type: ignore[attr-defined]
+            spec = _find_behind(fullname, path, target)
         finally:
-            self.searching.discard(key)
-        firing = None if spec is None else _post_import_or_none(fullname)
-        if firing is not None:
-            try:
-                firing.attach(spec, fullname, watched, unseen)
-            except Exception as exc:  # the module loads unwatched; status() shows why
-                _failed(fullname, exc)
+            searching.discard(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is not None and type(loader) is not _Chained:
+            spec.loader = _Chained(loader, fullname if watched else None)
         return spec
 
-    def _to_front(self):  # type: () -> None
-        # Under self.lock.
-        sys.meta_path = [self, *_meta_path_without(self)]
 
-    def loaded_unseen(self, occasion=False):  # type: (bool) -> list[tuple[str, ModuleType]]
-        # Watched modules loaded without our loader seeing them. One still executing gets its spec
-        # tagged (its callbacks run when it finishes); the finished ones are returned, for
-        # `_post_import.sweep` to fire (never from inside find_spec). An `occasion` (`status()`) counts
-        # as an import begun: callbacks that raised are due again.
-        if occasion:
-            self.generation += 1
-        found = []
-        for name in list(self.callbacks):
-            module = sys.modules.get(name)
-            if module is None or self.fired_for(name, module):
-                continue
-            d, initializing = _module_state(module)
-            if d is None:
-                continue
-            if initializing and not _same(self.cut_short, name, module):
-                firing = _post_import_or_none(name)
-                if firing is not None:
-                    firing.tag(d.get("__spec__"))
-            else:
-                found.append((name, module))
-        return found
+def _find_behind(fullname, path, target):  # type: (str, Any, Any) -> Any
+    # What the rest of the meta path answers, asked as the import system asks it.
+    for finder in sys.meta_path:
+        if finder is _finder:
+            continue
+        find = getattr(finder, "find_spec", None)
+        if find is not None:
+            spec = find(fullname, path, target)
+        elif sys.version_info < (3, 12) and hasattr(finder, "find_module"):  # a legacy finder, served until 3.12
+            loader = finder.find_module(fullname, path)
+            # importlib.util.spec_from_loader, from the bootstrap every interpreter has loaded
+            spec = None if loader is None else sys.modules["_frozen_importlib"].spec_from_loader(fullname, loader)
+        else:
+            continue
+        if spec is not None:
+            return spec
+    return None
 
-    def fired_for(self, name, module):  # type: (str, object) -> bool
-        return _same(self.fired, name, module)
 
-    # What `_post_import` does to the watcher's state, each as one method: the state has one owner. As
-    # few as the steps of a firing need (each `def` costs start-up time here, about 4k instructions
-    # to unmarshal and make), so no setter of one field each.
+class _Chained:
+    # The real loader, then the callbacks of `name` (None: an import chained only to fire what is
+    # due). Everything else of the real loader is read through; `exec_module` or `load_module` is
+    # there only where the real loader has it, since the import system picks the protocol by it.
+    def __init__(self, loader, name):  # type: (Any, str | None) -> None
+        self._loader, self._name = loader, name
+        if hasattr(loader, "exec_module"):
+            self.exec_module = self._exec
+        elif hasattr(loader, "load_module"):
+            self.load_module = self._load
 
-    def mark_fired(self, name, module):  # type: (str, object) -> None
-        # `name`'s callbacks run (or ran) for this very module object; a module type without weak
-        # references is remembered as nothing, and fires anyway.
+    def __getattr__(self, name):  # type: (str) -> Any
+        return getattr(self.__dict__["_loader"], name)
+
+    def _exec(self, module):  # type: (ModuleType) -> None
+        self._unchain(module)
+        self._loader.exec_module(module)
+        _fire(self._name, module)
+
+    def _load(self, fullname):  # type: (str) -> ModuleType
+        module = self._loader.load_module(fullname)
+        self._unchain(module)
+        _fire(self._name, module)
+        return module
+
+    def _unchain(self, module):  # type: (Any) -> None
+        # The real loader back before the body runs: nothing that outlives the import sees ours
+        # (pkgutil, importlib.resources, a reload). A module type that refuses keeps ours: harmless.
+        for owner, name in ((module, "__loader__"), (getattr(module, "__spec__", None), "loader")):
+            try:
+                if getattr(owner, name, None) is self:
+                    setattr(owner, name, self._loader)
+            except Exception:
+                pass
+
+
+def _fire(name=None, module=None):  # type: (str | None, Any) -> None
+    # The callbacks of `name`, whose body has just run in `module`, then of every module due. An
+    # import chained only for what is due (name None) never waits for another thread's firing: it
+    # may be a module that firing is importing right now (wrapt, logging), and that thread takes
+    # what is due when its callback returns.
+    me = _thread.get_ident()
+    if me in _busy or (name is None and _busy):
+        return  # inside a callback on this thread: `name` is due when it returns
+    with _lock:
+        _busy.append(me)
         try:
-            self.fired[name] = _weakref.ref(module)
-        except TypeError:
-            self.fired.pop(name, None)
-
-    def begin_firing(self, name):  # type: (str) -> int
-        thread = _thread.get_ident()
-        self.firing[thread] = name
-        return thread
-
-    def end_firing(self, thread, name):  # type: (int, str) -> Any
-        # The firing on `thread` is over; the failure it was the retry of is handed back, taken (what
-        # the callbacks did this time replaces it: `note_failure`, or nothing).
-        self.firing.pop(thread, None)
-        return self.failures.pop(name, None)
-
-    def note_failure(self, name, failure, again):  # type: (str, Any, bool) -> None
-        # Callbacks of `name` raised: `failure` runs them again, at a later sweep if `again` (the
-        # module counts as not fired: `loaded_unseen` hands it on).
-        if again:
-            self.fired.pop(name, None)
-        self.failures[name] = failure
-
-    def stop(self):  # type: () -> None
-        # No callbacks, nothing remembered, off the meta path (replaced, not edited: see above).
-        with self.lock:
-            self.callbacks, self.fired, self.failures = {}, {}, {}
-            sys.meta_path = _meta_path_without(self)
+            while True:
+                if name is not None and name in _watched:
+                    _on_import(name, module)
+                    _fired[name] = module  # after: callbacks an interrupt cut short are due again
+                due = _due()
+                if not due:
+                    return
+                name, module = due[0]
+        finally:
+            _busy.remove(me)
 
 
-def _meta_path_without(finder):  # type: (object) -> list[Any]
-    # A new list, not an edit of sys.meta_path: an import on another thread may be iterating it.
-    meta_path = []
-    for other in sys.meta_path:
-        if other is not finder:
-            meta_path.append(other)
-    return meta_path
+def _due():  # type: () -> list[tuple[str, Any]]
+    # Watched modules loaded and finished whose callbacks have not run for that module object. Runs at
+    # each import: the set operation is C, over the watched names.
+    found = []
+    modules = sys.modules
+    for name in _watched.keys() & modules.keys():
+        module = modules.get(name)
+        if _fired.get(name) is not module and _finished(module):
+            found.append((name, module))
+    return found
 
 
-def _same(refs, name, module):  # type: (dict[str, Any], str, object) -> bool
-    ref = refs.get(name)
-    return ref is not None and ref() is module
+def _finished(module):  # type: (object) -> bool
+    d = _module_namespace(module)
+    try:
+        return d is not None and not getattr(d.get("__spec__"), "_initializing", False)
+    except Exception:
+        return False
 
 
 def _module_namespace(module):  # type: (object) -> dict[str, Any] | None
@@ -450,112 +414,88 @@ def _module_namespace(module):  # type: (object) -> dict[str, Any] | None
     return d if type(d) is dict else None
 
 
-def _module_state(module):  # type: (object) -> tuple[dict | None, bool]
-    # (namespace, still executing) of a module in sys.modules, read without running its code.
-    d = _module_namespace(module)
-    if d is None:
-        return None, False
+def _on_import(name, module):  # type: (str, ModuleType) -> None
+    # Under `_lock`, this thread in `_busy`.
+    if not _fork_hooks_after_logging:
+        __import__("logging")  # the callbacks load it first anyway (`_log`)
+        _register_fork_hooks()
     try:
-        return d, bool(getattr(d.get("__spec__"), "_initializing", False))
-    except Exception:
-        return None, False
-
-
-def _post_import_or_none(name):  # type: (str) -> Any
-    # `_post_import` for the watcher's own use, or None where it cannot load (a broken install): `name`
-    # then loads unwatched, and status() says why. Nothing raises into an import or install().
-    try:
-        return _load_post_import()
-    except Exception as exc:
-        _failed(name, exc)
-        return None
-
-
-def _failed(name, exc):  # type: (str, BaseException) -> None
-    # Recorded for status() only: this can run inside find_spec, where logging may not be imported.
-    error = f"{name}: {type(exc).__name__}: {exc}"
-    if error not in _hook_errors:
-        _hook_errors.append(error)
-
-
-def _load_post_import(name=_POST_IMPORT):  # type: (str) -> Any
-    # `_post_import` (or a ground module it needs, standard library only), loaded without an import
-    # statement, which would take its module lock (see above), nor the meta path. Two threads
-    # racing here outside find_spec may each build one; the first in sys.modules is kept, and the
-    # other is as good (all state lives in `_watcher`).
-    module = sys.modules.get(name)
-    if module is None:
-        spec = _bootstrap_external.PathFinder.find_spec(name, __path__)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{name} not found in {__path__}")
-        module = _bootstrap.module_from_spec(spec)  # type: ignore[attr-defined]
-        spec.loader.exec_module(module)
-        module = sys.modules.setdefault(name, module)
-    return module
-
-
-_watcher = _Watcher()
-
-
-def _take_over(old, old_callback):  # type: (_Watcher, object) -> None
-    # On a reload: this watcher takes over all the old one knew (its callbacks pointing at this
-    # module's `_on_import`), the old one goes inert (no callbacks: its find_spec answers nothing)
-    # and off the meta path, and `_post_import` is built again, for this watcher, at its next use.
-    with old.lock:
-        callbacks = {}
-        for name, theirs in old.callbacks.items():
-            ours: tuple[Any, ...] = ()
-            for callback in theirs:
-                ours += (_on_import if callback is old_callback else callback,)
-            callbacks[name] = ours
-        _watcher.callbacks = callbacks
-        for name in ("fired", "firing", "searching", "cut_short", "failures", "generation", "on_error"):
-            setattr(_watcher, name, getattr(old, name, getattr(_watcher, name)))
-        old.callbacks = {}
-    sys.modules.pop(_POST_IMPORT, None)
-    sys.meta_path = _meta_path_without(old)
-    if _watcher.callbacks:
-        with _watcher.lock:
-            _watcher._to_front()
-
-
-if _reloading:
-    _take_over(_kept["_watcher"], _kept.get("_on_import"))
-del _kept
-
-
-def _after_fork_in_child():  # type: () -> None
-    # Only the forking thread lives on in the child, and the child's next new thread may get the id
-    # of one that does not (glibc reuses the thread's stack, and its id with it): the watcher's
-    # per-thread state of the others would make that thread's imports look like nested callbacks.
-    # Their callbacks in flight never finish here, so those modules are due again (the next sweep).
-    global _lock
-    _lock = _thread.RLock()
-    watcher = _watcher
-    watcher.lock = _thread.RLock()
-    me = _thread.get_ident()
-    gone = dict(watcher.firing)
-    mine = gone.pop(me, None)
-    for name in gone.values():
-        ref = watcher.fired.pop(name, None)
-        if ref is not None:
-            watcher.cut_short[name] = ref
-    watcher.firing = {} if mine is None else {me: mine}
-    searching = set()
-    for key in watcher.searching:
-        if key[0] == me:
-            searching.add(key)
-    watcher.searching = searching
-    # Imports in flight at the fork: the import system copies their module locks as they are, held
-    # by threads gone with it. `_post_import` frees those of the shim's own (`free_imports_cut_short`).
-    if getattr(_bootstrap, "_module_locks", None):
+        _resolve(_watched.get(name, _PATCH_TARGETS))(module)
+    except Exception as exc:  # a hook never fails the import...
+        if _from_signal_handler(exc):
+            raise  # ...but the application's signal handler's exception is on its way to it
+        why = f"{name}: {type(exc).__name__}"
         try:
-            _load_post_import().free_imports_cut_short(me, gone)
-        except Exception:  # the child goes on as it would have
+            why = f"{why}: {exc}"
+        except Exception:  # an exception whose __str__ raises
+            pass
+        if why not in _hook_errors:
+            _hook_errors.append(why)  # for status()
+        try:
+            _resolve("te_offload_shim._log:warn_once")(f"hook:{name}", "te_offload_shim: patching failed (%s)", why)
+        except Exception:  # not even logging may fail the import
             pass
 
 
-if hasattr(os, "register_at_fork") and not _reloading:  # POSIX only; once (the handler reads the globals)
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+def _from_signal_handler(exc):  # type: (BaseException) -> bool
+    try:
+        return bool(_resolve("te_offload_shim._signals:raised_by_signal_handler")(exc))
+    except Exception:  # a broken install: the callback's failure, then
+        return False
+
+
+def _to_front():  # type: () -> None
+    sys.meta_path = [_finder, *_meta_path_without()]
+
+
+def _meta_path_without():  # type: () -> list[Any]
+    # A new list, not an edit of sys.meta_path: an import on another thread may be iterating it.
+    meta_path = []
+    for other in sys.meta_path:
+        if other is not _finder:
+            meta_path.append(other)
+    return meta_path
+
+
+def _before_fork():  # type: () -> None
+    # A fork waits for the install, uninstall or callbacks in flight on another thread, so that the
+    # child never holds them half done (the shim's modules half loaded, locked by a thread it does
+    # not have). Up to 5 s: a callback stuck longer is the application's hang, not one to spread.
+    # Once per fork, however many times the hooks are registered; per thread, as forks are.
+    if "forking" not in _local.__dict__:
+        _local.forking = _lock.acquire(timeout=5)
+
+
+def _after_fork_in_parent():  # type: () -> None
+    if _local.__dict__.pop("forking", False):
+        _lock.release()
+
+
+def _after_fork_in_child():  # type: () -> None
+    global _lock
+    _local.__dict__.pop("forking", None)
+    _lock = _thread.RLock()  # free whatever the parent's other threads held (the wait ran out)
+    _busy[:] = [t for t in _busy if t == _thread.get_ident()]
+
+
+def _register_fork_hooks():  # type: () -> None
+    # The hooks registered last run first at a fork, and logging's takes its module lock, which a
+    # firing that loads a module calling `logging.getLogger` needs (`_log`, wrapt's asyncio): so
+    # ours are registered again at the first firing, logging imported first, and run before it.
+    global _fork_hooks_after_logging
+    _fork_hooks_after_logging = "logging" in sys.modules
+    if hasattr(os, "register_at_fork"):  # POSIX
+        os.register_at_fork(
+            before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+        )
+
+
+# `importlib.reload(te_offload_shim)` runs this file again in the same namespace: the finder on the
+# meta path is kept (no second one), and install() below patches again what is imported, which the
+# engine finds already patched.
+if "_finder" not in globals():  # once per process: a reload finds them registered
+    _fork_hooks_after_logging = False
+    _register_fork_hooks()
+_finder = globals().get("_finder") or _Finder()
 
 install()

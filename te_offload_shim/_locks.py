@@ -17,8 +17,9 @@ one held nor wait on one its own thread holds.
   "dump" handler) must not wait forever on its own thread. The offload path does not even take it
   again: `held_here()` tells it that it interrupted the package, and it runs the original alone.
 
-The start-up module (`__init__`) is not allowed the cost of importing this one: it resets its own
-locks the same way.
+The start-up module (`__init__`) is not allowed the cost of importing this one: its one lock, the
+import hook's, is a raw `_thread` lock too, and a fork waits for it instead (it guards loads of the
+shim's own modules, which a child must never get half done).
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ IPython's autoreload and plugin reloaders reload every module of a package, and 
 module's body again in the same namespace. State that must outlive it (the registry's records, the
 counters, the locks, the warnings already given) is taken from that namespace when it is there, or
 `uninstall()` and `status()` would lose what was patched, and a lock held across the reload would
-be a second lock. Every module of the package that keeps state does it with `kept`. The start-up
-module (`__init__`) does the same with its own `_kept`: it may import no module of ours.
+be a second lock. Every module of the package that keeps state does it with `kept`, except the
+start-up module (`__init__`), which may import no module of ours and needs nothing kept: its finder
+on the meta path is reused, and its `install()` patches again what the engine finds patched.
 Standard library only, and nothing at all at import.
 """
 

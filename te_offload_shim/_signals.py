@@ -8,9 +8,8 @@ shim's fail-open paths, which catch `Exception`, hand such an exception on uncha
 taking it for a failure of their own. It is recognised by the handler's frame in its traceback: the
 code of a handler `signal.getsignal` returns now.
 
-Reads only `_signal`, which every interpreter has loaded at start. `_post_import` loads this module by
-hand where an import may be what a signal interrupted, so, like it, its body imports only what
-every interpreter has loaded before it runs.
+Reads only `_signal`, which every interpreter has loaded at start, and imports only `sys`: the
+import hook loads it after a module's body, while the exception it looks at is on its way.
 """
 
 import sys

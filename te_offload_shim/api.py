@@ -73,12 +73,12 @@ def patch_target_module(module: ModuleType) -> None:
 
 def status() -> Status:
     """What this process has: switches, and for each target whether it is imported and patched.
-    Reads only: it never patches (a target module whose callback raised is retried by the import
-    hook at its next occasion, not here)."""
-    failures = _shim._load_post_import().failures() if _shim.installed() else {}
+    Reads only: it never patches (a target module whose callback failed is patched again only when
+    its module is re-imported or reloaded)."""
     from te_offload_shim.engine.status import status as status_
 
     installed, _, problems, hook_errors = _shim._state()
+    failures = dict(e.split(": ", 1) for e in hook_errors if ": " in e)  # "module: why" -> module -> why
     return status_(all_targets(), installed, problems, hook_errors, _shim.__version__, failures)
 
 

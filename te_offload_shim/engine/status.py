@@ -29,10 +29,10 @@ def status(
     problems: list[str],
     hook_errors: list[str],
     version: str,
-    failures: dict[str, tuple[str, int, bool]] | None = None,
+    failures: dict[str, str] | None = None,
 ) -> Status:
-    """`failures`: module -> (why its post-import callback raised, attempts, whether it runs again),
-    for those whose callback has not succeeded since."""
+    """`failures`: module -> why its patch callback raised (the import hook runs it again only when
+    the module is imported again or reloaded)."""
     rows: list[TargetRow] = []
     for target in targets:
         loaded = _loaded(target.module)
@@ -113,9 +113,7 @@ def _caching_off_detail(name: str) -> str:
     return f"nothing to clear at its last call: FP8 weight caching is off by configuration in {describe(off)}"
 
 
-def _state(
-    target: Target, installed: bool, failure: tuple[str, int, bool] | None, armed: int, imported: bool
-) -> tuple[TargetState, str]:
+def _state(target: Target, installed: bool, failure: str | None, armed: int, imported: bool) -> tuple[TargetState, str]:
     """What the row says, checked against the attribute itself: never `patched` while it holds no
     armed wrapper of ours, never `patched` while a run-time switch leaves every call alone."""
     recorded = registry.state(target.name)
@@ -130,9 +128,7 @@ def _state(
             return "disabled", "switched off at run time (TE_OFFLOAD_SHIM_DISABLE): the wrapper leaves each call alone"
         return state, detail
     if failure is not None and installed:
-        why, attempts, retried = failure
-        then = "retried at the next import" if retried else f"given up after {attempts} attempts"
-        return "error", f"patching {target.module} was interrupted ({why}); {then}"
+        return "error", f"patching {target.module} failed ({failure}); patched again when it is re-imported or reloaded"
     if _switches.is_disabled(target.name):
         return "disabled", ""
     return ("pending" if installed else "not installed"), ""

@@ -181,6 +181,7 @@ def test_concurrent_install_and_import_leave_exactly_one_wrapper(tmp_path: Path)
         (tmp_path / f"race_{i}.py").write_text(
             f"def offload(models):\n    return models\n\nimport holder_{i} as alias_holder\n"
         )
+        (tmp_path / f"next_{i}.py").write_text("")
     sys.path.insert(0, str(tmp_path))
     importlib.invalidate_caches()
     import te_offload_shim
@@ -223,6 +224,8 @@ def test_concurrent_install_and_import_leave_exactly_one_wrapper(tmp_path: Path)
             t.start()
         for t in pair:
             t.join()
+        # an import already running when install() ran is patched at the end of the next import
+        importlib.import_module(f"next_{i}")
         mod = sys.modules[f"race_{i}"]
         races.append([shim_layers(mod.offload), shim_layers(mod.alias_holder.offload)])
     assert races == [[1, 1]] * (RACES - 1)

@@ -1,12 +1,12 @@
-"""A child forked while another thread loads the shim's own modules imports its targets, and they
-are patched (issue 27, finding 2).
+"""A fork while another thread loads the shim's own modules waits for the load to finish: the child
+imports its targets, and they are patched (issue 27, finding 2; issue 35).
 
 The first target import loads the engine lazily, inside its post-import callback. `os.fork()`
-copies the import system's per-module locks as they are (`importlib._bootstrap._module_locks`), so a
-fork at that moment (a DataLoader or multiprocessing fork on the main thread while a worker thread
-imports verl) left the child with the engine's modules locked by a thread that does not exist
-there, and half built: its next target import waited forever. Without the shim nothing of that
-import is in flight for the child to wait on.
+copies the import system's per-module locks as they are, so a fork in the middle of that load (a
+DataLoader or multiprocessing fork on the main thread while a worker thread imports verl) would
+leave the child with the engine's modules locked by a thread that does not exist there, and half
+built: its next target import would wait forever. The callbacks run under the hook's lock, which a
+fork takes first (`os.register_at_fork`): the fork waits until the load is done.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class _HoldingLoader:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": TARGETS}, timeout=120)
-def test_a_child_forked_while_a_thread_loads_the_engine_imports_and_patches_its_targets(tmp_path: Path) -> None:
+def test_a_fork_while_a_thread_loads_the_engine_waits_and_the_child_patches_its_targets(tmp_path: Path) -> None:
     import warnings
 
     import te_offload_shim  # noqa: F401  (installs the shim; nothing of the engine is loaded)
@@ -77,10 +77,12 @@ def test_a_child_forked_while_a_thread_loads_the_engine_imports_and_patches_its_
     loader.start()
     assert hold.entered.wait(30), "the worker thread's first target import is loading the engine"
     assert sys.modules["te_offload_shim.engine.patch"].__spec__._initializing  # type: ignore[union-attr]
+    threading.Timer(1.0, hold.release.set).start()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork() with threads running
         pid = os.fork()
-    if pid == 0:  # the child: import a target the parent never imported, then the one cut short
+    loaded_before_the_fork_returned = not sys.modules["te_offload_shim.engine.patch"].__spec__._initializing  # type: ignore[union-attr]
+    if pid == 0:  # the child: import a target the parent never imported, then the one loading at the fork
         try:
             nxt = importlib.import_module("next_target")
             nxt.offload([layers[0]])
@@ -96,7 +98,8 @@ def test_a_child_forked_while_a_thread_loads_the_engine_imports_and_patches_its_
     finally:
         hold.release.set()
         loader.join(30)
+    assert loaded_before_the_fork_returned, "the fork did not wait for the engine's load"
     assert status != 3, "the child's next target import was not patched"
-    assert status != 4, "the target whose callback the fork cut short was not patched in the child"
+    assert status != 4, "the target whose callback was running at the fork was not patched in the child"
     assert status == 0, f"the forked child {'hung' if status is None else f'exited {status}'}"
     assert sys.modules["first_load_target"].offload.__module__ == "first_load_target"  # the parent goes on

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import threading
 from pathlib import Path
@@ -63,15 +64,19 @@ def test_verl_external_modules_route_while_the_main_thread_imports_the_shim() ->
 
 
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "imports_the_shim:offload"})
-def test_a_target_module_that_imports_the_shim_itself_is_patched_when_it_finishes() -> None:
-    """Scenario 3: the shim installs halfway through the target's own import."""
+def test_a_target_module_that_imports_the_shim_itself_is_patched_at_the_next_import(tmp_path: Path) -> None:
+    """Scenario 3: the shim installs halfway through the target's own import. It is not patched half
+    built; the process's next import, once the target has finished, patches it."""
     use_targets()
+    write_module(tmp_path, "any_next_import", "")
     imports_the_shim = importlib.import_module("imports_the_shim")  # before the shim, which it imports
     te_offload_shim = sys.modules["te_offload_shim"]
+    assert te_offload_shim._hook_errors == [], "nothing was patched half built"
+    importlib.import_module("any_next_import")
 
     layer = cached_layer()
     assert imports_the_shim.offload([layer]) == "offloaded"
-    assert layer._fp8_workspaces == {}, "cleared by the wrapper installed when the module finished"
+    assert layer._fp8_workspaces == {}, "cleared by the wrapper installed at the next import"
     rows = {r["name"]: r["state"] for r in te_offload_shim.status()["targets"]}
     assert rows["imports_the_shim:offload"] == "patched"
 
@@ -331,66 +336,73 @@ def test_uninstall_does_not_break_an_import_in_flight_on_another_thread(tmp_path
 
 
 @pytest.mark.subprocess(fresh=True)
-def test_post_import_loads_by_hand_and_imports_nothing_new() -> None:
-    """Scenario 16: `_post_import` (the hook's second half) may load inside find_spec: it must come in
-    without an import statement, and bring no module the interpreter had not loaded already."""
+def test_the_finder_imports_nothing() -> None:
+    """Scenario 16: `find_spec` runs under the import system's global lock: it brings no module in,
+    for a watched name, another name, or a name nobody has."""
     import te_offload_shim as shim
 
-    assert "te_offload_shim._post_import" not in sys.modules, "start-up must not load the second half"
     before = set(sys.modules)
-    firing = shim._load_post_import()
-    assert set(sys.modules) - before == {"te_offload_shim._post_import"}
-    assert shim._load_post_import() is firing is sys.modules["te_offload_shim._post_import"]
+    for name in ("verl.utils.megatron_utils", "json", "a_module_nobody_has"):
+        shim._finder.find_spec(name)
+    assert set(sys.modules) == before
 
 
 @pytest.mark.subprocess(fresh=True)
-def test_a_watched_import_does_not_wait_for_a_thread_importing_post_import(tmp_path: Path) -> None:
-    """Scenario 16: the deadlock an import statement inside find_spec would risk: another thread holds
-    `_post_import`'s module lock (it is importing it) while this one, inside find_spec under the import
-    system's global lock, needs `_post_import`. Loaded by hand, it needs no module lock."""
+def test_a_watched_import_does_not_wait_for_a_thread_importing_the_shims_modules(tmp_path: Path) -> None:
+    """Scenario 16: another thread holds the module lock of the module the callbacks load first
+    (`te_offload_shim.api`: it is importing it). Finding the watched module waits for nothing (an
+    import statement inside find_spec would, under the import system's global lock); the callbacks,
+    after the module's body, wait for that import to finish as any module's body would, and run."""
     import threading
+    import time
     from importlib import _bootstrap  # type: ignore[attr-defined]
 
+    (tmp_path / "firing_race_target.py").write_text("def offload(models):\n    return 'offloaded'\n")
+    sys.path.insert(0, str(tmp_path))
+    os.environ["TE_OFFLOAD_SHIM_TARGETS"] = "firing_race_target:offload"
     import te_offload_shim as shim
 
-    (tmp_path / "firing_race_target.py").write_text("DONE = True\n")
-    sys.path.insert(0, str(tmp_path))
-    calls: list = []
-    shim._watcher.watch(calls.append, "firing_race_target")
     holding, release = threading.Event(), threading.Event()
 
     def hold_the_module_lock() -> None:
-        with _bootstrap._ModuleLockManager("te_offload_shim._post_import"):  # type: ignore[attr-defined]  # CPython internal
+        with _bootstrap._ModuleLockManager("te_offload_shim.api"):  # type: ignore[attr-defined]  # CPython internal
             holding.set()
             release.wait(30)
 
     holder = threading.Thread(target=hold_the_module_lock, daemon=True)
     holder.start()
     assert holding.wait(10)
+    started = time.monotonic()
+    spec = importlib.util.find_spec("firing_race_target")  # through our finder
+    found_in = time.monotonic() - started
     importer = threading.Thread(target=importlib.import_module, args=("firing_race_target",), daemon=True)
     importer.start()
-    importer.join(10)
-    finished = not importer.is_alive()
+    time.sleep(0.2)
     release.set()
+    importer.join(10)
     holder.join(10)
-    assert finished, "importing a watched module waited for the thread holding _post_import's module lock"
-    assert [m.__name__ for m in calls] == ["firing_race_target"]
+    assert found_in < 5 and spec is not None and type(spec.loader) is shim._Chained, found_in
+    assert not importer.is_alive(), "the import never finished"
+    from te_offload_shim.engine.patch import shim_layers
+
+    assert shim_layers(sys.modules["firing_race_target"].offload) == 1
 
 
 @pytest.mark.subprocess(fresh=True, env={"TE_OFFLOAD_SHIM": "0"})
-def test_a_hook_half_that_cannot_load_fails_no_import_and_no_install(tmp_path: Path) -> None:
-    """Scenario 16: a broken install, where `_post_import` raises as it loads. `install()` and every
-    import still work (the targets run unpatched), and status's hook errors say why."""
+def test_callbacks_that_cannot_load_fail_no_import_and_no_install(tmp_path: Path) -> None:
+    """Scenario 16: a broken install, where the API the callbacks name raises as it loads.
+    `install()` and every import still work (the targets run unpatched), and status's hook errors
+    say why."""
     import os
 
     import te_offload_shim as shim
     from te_offload_shim import _switches  # noqa: F401 - loaded before the package's path breaks
     from te_offload_shim.integrations import targets  # noqa: F401 - the same
 
-    assert not shim.installed()
+    assert not shim.installed() and "te_offload_shim.api" not in sys.modules
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "_post_import.py").write_text("raise RuntimeError('broken install')\n")
+    (broken / "api.py").write_text("raise RuntimeError('broken install')\n")
     write_module(tmp_path, "early_target", "def offload(models):\n    return 'early'\n")
     write_module(tmp_path, "late_target", "def offload(models):\n    return 'late'\n")
     early = importlib.import_module("early_target")
@@ -398,8 +410,8 @@ def test_a_hook_half_that_cannot_load_fails_no_import_and_no_install(tmp_path: P
     path = list(shim.__path__)
     shim.__path__[:] = [str(broken)]
     try:
-        assert shim.install() is True, "an already imported target needs the second half: install must not raise"
-        late = importlib.import_module("late_target")  # the finder needs it too: the import must work
+        assert shim.install() is True, "an already imported target's callback fails: install must not raise"
+        late = importlib.import_module("late_target")  # its callback fails too: the import must work
     finally:
         shim.__path__[:] = path
     assert early.offload([]) == "early" and late.offload([]) == "late"

@@ -1,7 +1,8 @@
 """The fresh interpreter of the smoke test of a fork during the first load: a worker thread's first
 target import is loading the shim's engine (held just before `engine.handler`'s body, with
-`engine.patch` half built) when the main thread forks; the child imports another target and the
-one cut short, and offloads through both. Prints one JSON line.
+`engine.patch` half built, for one second) when the main thread forks. The fork waits for the load;
+the child imports another target and the one that was loading, and offloads through both. Prints
+one JSON line.
 
     TE_OFFLOAD_SHIM_TARGETS=smoke_target:offload,smoke_target_next:offload python tests/smoke/fork_probe.py
 """
@@ -57,9 +58,11 @@ def main() -> None:
     worker = threading.Thread(target=importlib.import_module, args=("smoke_target",))
     worker.start()
     assert hold.entered.wait(30), "the worker's first target import is loading the engine"
+    threading.Timer(1.0, hold.release.set).start()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+: fork() with threads running
         pid = os.fork()
+    waited = hold.release.is_set()  # the fork returned only once the load was let go
     if pid == 0:
         try:
             importlib.import_module("smoke_target_next").offload([])
@@ -80,7 +83,8 @@ def main() -> None:
         os.waitpid(pid, 0)
     hold.release.set()
     worker.join(30)
-    print(json.dumps({"python": list(sys.version_info[:2]), "child": "hung" if status is None else status}))
+    report = {"python": list(sys.version_info[:2]), "child": "hung" if status is None else status, "waited": waited}
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ def test_dir_lists_the_public_names_and_the_dunders_only() -> None:
 def test_the_internal_names_stay_reachable() -> None:
     import te_offload_shim
 
-    for name in ("BUILTIN_MODULES", "WATCH", "TYPE_CHECKING", "os", "sys", "_EXPORTS", "_watcher", "_state"):
+    for name in ("BUILTIN_MODULES", "WATCH", "TYPE_CHECKING", "os", "sys", "_EXPORTS", "_finder", "_state"):
         assert hasattr(te_offload_shim, name), name
 
 

@@ -1,9 +1,10 @@
-"""The post-import watcher (`_Watcher` in te_offload_shim/__init__.py, and te_offload_shim/_post_import.py),
+"""The post-import hook (the finder, its chained loader and `_fire` in te_offload_shim/__init__.py),
 in this process.
 
 Each test writes its own modules, under names no other test uses, to a temporary directory, and
-leaves the watcher as it found it (the shim may be installed in this process by another test: its
-watches are put back), with its modules and path entry gone.
+watches them with callbacks of its own, named `module:function` as the start-up's table names
+its callbacks. It leaves the hook as it found it (the shim may be installed in this process by
+another test), with its modules and path entry gone.
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ from types import ModuleType
 
 import pytest
 
-import te_offload_shim
-from te_offload_shim import _post_import
-
-watcher = te_offload_shim._watcher
+import te_offload_shim as shim
 
 _serial = itertools.count()
+HOOKS = "watch_probe_hooks"  # the module the tests' callbacks are named in
 
 
 class Modules:
@@ -43,25 +42,31 @@ class Modules:
 
 @pytest.fixture
 def modules(tmp_path: Path) -> Iterator[Modules]:
-    saved_callbacks = dict(watcher.callbacks)
-    saved_fired = dict(watcher.fired)
-    saved_handler = watcher.on_error
-    saved_meta_path = list(sys.meta_path)
-    _post_import.unwatch_all()
+    saved = (shim._installed, shim._watched, dict(shim._fired), list(shim._hook_errors), list(sys.meta_path))
+    shim._watched = {}
+    sys.modules[HOOKS] = ModuleType(HOOKS)
     sys.path.insert(0, str(tmp_path))
     made = Modules(tmp_path)
     try:
         yield made
     finally:
-        _post_import.unwatch_all()
         sys.path.remove(str(tmp_path))
-        for name in [n for n in sys.modules if n.startswith(made.prefix)]:
+        for name in [n for n in sys.modules if n.startswith(made.prefix) or n == HOOKS]:
             del sys.modules[name]
-        watcher.callbacks.update(saved_callbacks)
-        watcher.fired.update(saved_fired)
-        watcher.on_error = saved_handler
-        sys.meta_path = saved_meta_path
+        shim._installed, shim._watched = saved[0], saved[1]
+        shim._fired.clear()
+        shim._fired.update(saved[2])
+        shim._hook_errors[:] = saved[3]
+        sys.meta_path = saved[4]
         importlib.invalidate_caches()
+
+
+def watch(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """What install() does for one more watched name: the finder in front, and what is due fired."""
+    setattr(sys.modules[HOOKS], f"on_{name}", callback)
+    shim._watched = {**shim._watched, name: f"{HOOKS}:on_{name}"}
+    shim._to_front()
+    shim._fire()
 
 
 def recorder(calls: list) -> Callable[[ModuleType], None]:
@@ -76,18 +81,19 @@ def recorder(calls: list) -> Callable[[ModuleType], None]:
 def test_fires_after_the_module_body_once_with_the_real_loader_back(modules: Modules) -> None:
     name = modules.write("plain", "DONE = 'body ran to its end'\n")
     calls: list = []
-    watcher.watch(recorder(calls), name)
-    assert sys.meta_path[0] is watcher
+    watch(name, recorder(calls))
+    assert sys.meta_path[0] is shim._finder
     assert calls == [], "watching a module not imported yet runs nothing"
 
     module = importlib.import_module(name)
     assert calls == [(module, "body ran to its end")]
-    # our proxy loader is gone from everything that outlives the import
+    # our loader is gone from everything that outlives the import
     assert type(module.__loader__) is importlib.machinery.SourceFileLoader
     assert module.__spec__ is not None and type(module.__spec__.loader) is importlib.machinery.SourceFileLoader
+    assert type(module.__spec__) is importlib.machinery.ModuleSpec
 
     importlib.import_module(name)  # already imported: no new import, no new call
-    _post_import.sweep()
+    importlib.import_module(modules.write("later", ""))  # a later import fires nothing more
     assert len(calls) == 1, "the callbacks run once per module object"
 
 
@@ -95,26 +101,34 @@ def test_watching_an_imported_module_fires_at_once(modules: Modules) -> None:
     name = modules.write("early", "DONE = True\n")
     module = importlib.import_module(name)
     calls: list = []
-    watcher.watch(recorder(calls), name)
+    watch(name, recorder(calls))
     assert calls == [(module, True)]
-    _post_import.sweep()
+    importlib.import_module(modules.write("later", ""))
     assert len(calls) == 1
 
 
 def test_the_finder_answers_only_for_watched_names(modules: Modules) -> None:
     watched = modules.write("watched", "DONE = 1\n")
     other = modules.write("other", "DONE = 1\n")
-    watcher.watch(recorder([]), watched)
-    spec = watcher.find_spec(watched)
-    assert spec is not None and isinstance(spec.loader, _post_import.ChainedLoader)
-    assert watcher.find_spec(other) is None
-    assert watcher.find_spec(f"{modules.prefix}_nowhere") is None, "a watched name nobody can find"
+    watch(watched, recorder([]))
+    spec = shim._finder.find_spec(watched)
+    assert spec is not None and type(spec.loader) is shim._Chained
+    assert shim._finder.find_spec(other) is None
+    assert shim._finder.find_spec(f"{modules.prefix}_nowhere") is None, "a watched name nobody can find"
+
+
+def test_the_finder_imports_nothing() -> None:
+    """`find_spec` runs under the import system's global lock: it loads no module of any kind."""
+    before = set(sys.modules)
+    for name in ("json", "verl.utils.megatron_utils", "a_module_nobody_has"):
+        shim._finder.find_spec(name)
+    assert set(sys.modules) == before
 
 
 def test_a_new_module_object_fires_again_and_reload_fires_again(modules: Modules) -> None:
     name = modules.write("again", "DONE = object()\n")
     calls: list = []
-    watcher.watch(recorder(calls), name)
+    watch(name, recorder(calls))
     first = importlib.import_module(name)
     del sys.modules[name]
     second = importlib.import_module(name)
@@ -124,14 +138,14 @@ def test_a_new_module_object_fires_again_and_reload_fires_again(modules: Modules
     assert [c[0] for c in calls] == [first, second, second], "the finder stays on the meta path for a reload"
 
 
-def test_unwatch_all_takes_the_finder_off_and_stops_firing(modules: Modules) -> None:
+def test_uninstall_takes_the_finder_off_and_stops_firing(modules: Modules) -> None:
     name = modules.write("dropped", "DONE = 1\n")
     calls: list = []
-    watcher.watch(recorder(calls), name)
-    _post_import.unwatch_all()
-    assert watcher not in sys.meta_path
+    watch(name, recorder(calls))
+    assert shim._uninstall(lambda error: 0) == 0
+    assert shim._finder not in sys.meta_path
     importlib.import_module(name)
-    _post_import.sweep()
+    importlib.import_module(modules.write("later", ""))
     assert calls == []
 
 
@@ -145,100 +159,99 @@ def _load_behind_its_back(modules: Modules, name: str) -> ModuleType:
     return module
 
 
-def test_catch_up_fires_a_module_loaded_without_the_finder(modules: Modules) -> None:
+def test_a_module_loaded_without_the_finder_fires_at_the_end_of_the_next_import(modules: Modules) -> None:
     name = modules.write("unseen", "DONE = 'loaded behind our back'\n")
+    trigger = modules.write("trigger", "import sys\nSEEN_BEFORE_MY_END = len(sys.modules['watch_probe_hooks'].calls)\n")
     calls: list = []
-    watcher.watch(recorder(calls), name)
+    sys.modules[HOOKS].calls = calls  # type: ignore[attr-defined]
+    watch(name, recorder(calls))
     module = _load_behind_its_back(modules, name)
     assert calls == []
-    _post_import.sweep()
-    assert calls == [(module, "loaded behind our back")]
-    _post_import.sweep()
+    triggered = importlib.import_module(trigger)  # any import: the finder chains it, and fires what is due
+    assert calls == [(module, "loaded behind our back")] and triggered.SEEN_BEFORE_MY_END == 0
+    importlib.import_module(modules.write("later", ""))
     assert len(calls) == 1
 
 
-def test_the_next_import_through_the_finder_notices_it_too(modules: Modules) -> None:
-    name = modules.write("unseen2", "DONE = 1\n")
-    trigger = modules.write("trigger", "DONE = 1\n")
+def test_an_import_in_flight_fires_at_the_next_import_after_it_finishes(modules: Modules) -> None:
+    """The watch begins while the module's body runs (the module that imports the shim): it is not
+    fired half built, and its spec is left as the import system made it."""
     calls: list = []
-    watcher.watch(recorder(calls), name)
-    module = _load_behind_its_back(modules, name)
-    importlib.import_module(trigger)  # any import consults the finder: the sweep tags this import's spec
-    assert calls == [(module, 1)], "fired when the unrelated import finished"
-
-
-def test_an_import_in_flight_is_fired_when_it_finishes(modules: Modules) -> None:
-    """`watch` called while the module's body runs (the module that imports the shim): its spec is
-    tagged, and the import system's own `_initializing = False` at the end runs the callbacks."""
-    calls: list = []
-    seen: dict = {}
-
-    def callback(module: ModuleType) -> None:
-        seen["spec class during callback"] = type(module.__spec__)
-        calls.append((module, getattr(module, "DONE", None)))
-
-    sys.modules["watch_probe_hook"] = hook = ModuleType("watch_probe_hook")
-    try:
-        hook.callback = callback  # type: ignore[attr-defined]
-        name = modules.write(
-            "inflight",
-            "import sys\n"
-            "import te_offload_shim\nfrom te_offload_shim import _post_import\n"
-            "te_offload_shim._watcher.watch(sys.modules['watch_probe_hook'].callback, __name__)\n"
-            "TAGGED = type(__spec__) is _post_import.SpecWatch\n"
-            "FIRED_EARLY = bool(sys.modules['watch_probe_hook'].calls)\n"
-            "DONE = 'end of body'\n",
-        )
-        hook.calls = calls  # type: ignore[attr-defined]
-        module = importlib.import_module(name)
-    finally:
-        del sys.modules["watch_probe_hook"]
-    assert module.TAGGED and not module.FIRED_EARLY
+    sys.modules[HOOKS].calls = calls  # type: ignore[attr-defined]
+    sys.modules[HOOKS].watch = watch  # type: ignore[attr-defined]
+    sys.modules[HOOKS].recorder = recorder  # type: ignore[attr-defined]
+    name = modules.write(
+        "inflight",
+        "import sys\n"
+        "hooks = sys.modules['watch_probe_hooks']\n"
+        "hooks.watch(__name__, hooks.recorder(hooks.calls))\n"
+        "import json.decoder  # an import inside the body: this module is not finished yet\n"
+        "FIRED_EARLY = bool(hooks.calls)\n"
+        "DONE = 'end of body'\n",
+    )
+    module = importlib.import_module(name)
+    assert not module.FIRED_EARLY and calls == []
+    importlib.import_module(modules.write("next", ""))
     assert calls == [(module, "end of body")]
-    assert type(module.__spec__) is importlib.machinery.ModuleSpec, "the spec gets its own class back"
-    assert seen["spec class during callback"] is importlib.machinery.ModuleSpec
+    assert type(module.__spec__) is importlib.machinery.ModuleSpec
 
 
 def test_a_failed_import_in_flight_fires_nothing(modules: Modules) -> None:
     calls: list = []
-    sys.modules["watch_probe_hook2"] = hook = ModuleType("watch_probe_hook2")
-    hook.callback = recorder(calls)  # type: ignore[attr-defined]
-    try:
-        name = modules.write(
-            "fails",
-            "import sys\n"
-            "import te_offload_shim\nfrom te_offload_shim import _post_import\n"
-            "te_offload_shim._watcher.watch(sys.modules['watch_probe_hook2'].callback, __name__)\n"
-            "raise RuntimeError('the body fails')\n",
-        )
-        with pytest.raises(RuntimeError, match="the body fails"):
-            importlib.import_module(name)
-    finally:
-        del sys.modules["watch_probe_hook2"]
-    _post_import.sweep()
+    sys.modules[HOOKS].watch = watch  # type: ignore[attr-defined]
+    sys.modules[HOOKS].callback = recorder(calls)  # type: ignore[attr-defined]
+    name = modules.write(
+        "fails",
+        "import sys\n"
+        "hooks = sys.modules['watch_probe_hooks']\n"
+        "hooks.watch(__name__, hooks.callback)\n"
+        "raise RuntimeError('the body fails')\n",
+    )
+    with pytest.raises(RuntimeError, match="the body fails"):
+        importlib.import_module(name)
+    importlib.import_module(modules.write("next", ""))
     assert calls == [] and name not in sys.modules
 
 
-def test_a_callback_error_goes_to_the_handler_and_not_to_the_import(modules: Modules) -> None:
+def test_a_callback_error_is_recorded_and_not_raised_into_the_import(modules: Modules) -> None:
     name = modules.write("erring", "DONE = 1\n")
-    errors: list = []
-    later: list = []
-    watcher.on_error = lambda module, exc: errors.append((module, exc))
+    later = modules.write("also_due", "DONE = 2\n")
+    calls: list = []
 
     def boom(module: ModuleType) -> None:
         raise ValueError("callback failed")
 
-    watcher.watch(boom, name)
-    watcher.watch(recorder(later), name)
+    watch(name, boom)
+    watch(later, recorder(calls))
     module = importlib.import_module(name)  # must not raise
-    assert [(n, type(e), str(e)) for n, e in errors] == [(name, ValueError, "callback failed")]
-    assert later == [(module, 1)], "the next callback still runs"
+    assert module.DONE == 1
+    assert f"{name}: ValueError: callback failed" in shim._hook_errors
+    assert importlib.import_module(later).DONE == 2 and len(calls) == 1, "the other modules still fire"
 
-    # a handler that fails itself is swallowed too
-    watcher.on_error = lambda module, exc: 1 / 0  # type: ignore[assignment]  # raises, never returns
-    del sys.modules[name]
-    importlib.import_module(name)
-    assert len(later) == 2
+
+def test_the_applications_interrupt_in_a_callback_reaches_it_and_the_next_import_fires(modules: Modules) -> None:
+    """KeyboardInterrupt (Ctrl-C, Ray's cancel) during a callback fails the import, as it would have
+    in the module's last line; importing it again runs the body and the callbacks afresh."""
+    name = modules.write(
+        "interrupted", "import builtins\nbuiltins.INTERRUPTED_RUNS = getattr(builtins, 'INTERRUPTED_RUNS', 0) + 1\n"
+    )
+    calls: list = []
+
+    def interrupted_once(module: ModuleType) -> None:
+        if not calls:
+            calls.append("interrupted")
+            raise KeyboardInterrupt
+        calls.append(module)
+
+    watch(name, interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        importlib.import_module(name)
+    assert name not in sys.modules
+    module = importlib.import_module(name)
+    import builtins
+
+    assert calls == ["interrupted", module] and builtins.INTERRUPTED_RUNS == 2  # type: ignore[attr-defined]
+    del builtins.INTERRUPTED_RUNS  # type: ignore[attr-defined]
 
 
 def test_a_callback_that_imports_a_watched_module_does_not_nest(modules: Modules) -> None:
@@ -256,25 +269,9 @@ def test_a_callback_that_imports_a_watched_module_does_not_nest(modules: Modules
     def on_inner(module: ModuleType) -> None:
         order.append(f"inner saw {module.DONE}")
 
-    watcher.watch(on_outer, outer)
-    watcher.watch(on_inner, inner)
+    watch(outer, on_outer)
+    watch(inner, on_inner)
     importlib.import_module(outer)
     assert order == ["outer start", "outer end", "inner saw inner"]
-    _post_import.sweep()
+    importlib.import_module(modules.write("later", ""))
     assert len(order) == 3, "and only once"
-
-
-def test_watch_from_inside_a_callback_runs_after_it(modules: Modules) -> None:
-    first = modules.write("first", "DONE = 1\n")
-    second = modules.write("second", "DONE = 2\n")
-    importlib.import_module(second)
-    order: list[str] = []
-
-    def on_first(module: ModuleType) -> None:
-        order.append("first start")
-        watcher.watch(lambda m: order.append("second"), second)  # already imported: due, not run here
-        order.append("first end")
-
-    watcher.watch(on_first, first)
-    importlib.import_module(first)
-    assert order == ["first start", "first end", "second"]
