@@ -34,7 +34,7 @@ from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
 from te_offload_shim._reload import kept
-from te_offload_shim.engine import registry
+from te_offload_shim.engine import integration_hints, registry
 from te_offload_shim.te import caches, layers, placement
 
 if TYPE_CHECKING:
@@ -190,7 +190,8 @@ def _before_flush(label: str) -> None:
             _counts["flushes"] += 1
         offloaded = placement.offloaded_entries(layers.entries())
         if offloaded:
-            _cleared(label, caches.clear_layers(offloaded, strict=_switches.strict()))
+            report = caches.clear_layers(offloaded, graphs=integration_hints.cuda_graphs(), strict=_switches.strict())
+            _cleared(label, report)
     except Exception as exc:
         if _switches.strict():
             raise

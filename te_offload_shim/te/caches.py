@@ -1,9 +1,12 @@
 """Transformer Engine's cached quantized weights: find them, count their bytes, drop them.
 
 This and the modules beside it are the only place where the shim touches TE internals. They know
-TE's layouts by release (`layouts`) and whether a chunk is CUDA-graphed (`graphs`), and nothing of
-verl, Ray or wrapt. Nothing here imports torch or TE: it works on the objects it is given, with
-torch taken from `sys.modules` (if torch is not imported, there is nothing to clear).
+TE's layouts by release (`layouts`) and whether a chunk is CUDA-graphed (`graphs`: TE's marks, and
+the framework's `GraphMarks` the caller hands down), and nothing of verl, Ray or wrapt. They read no
+switch either: the entry that calls them (the API, the wrapped offload's handler, the flush net)
+resolves strict mode and the marks, so every entry decides both the same way. Nothing here
+imports torch or TE: it works on the objects it is given, with torch taken from `sys.modules` (if
+torch is not imported, there is nothing to clear).
 
 One call: the chunks in `models` (`chunks.as_chunks`, the policy the residue report shares; the
 wrapped offload's handler splits them once and hands them to `clear_chunks`), for each chunk one
@@ -24,12 +27,12 @@ import sys
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from te_offload_shim import _switches
 from te_offload_shim._log import warn_once
+from te_offload_shim._switches import FORCE_CUDA_GRAPHS
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off
 from te_offload_shim.te.chunks import as_chunks
-from te_offload_shim.te.graphs import cuda_graph_reason
+from te_offload_shim.te.graphs import TE_ONLY, GraphMarks, cuda_graph_reason
 from te_offload_shim.te.layouts import LEGACY_ATTRS, WORKSPACES
 from te_offload_shim.te.primary import primary_weight_copies
 from te_offload_shim.te.report import CacheReport, ShimError, Skipped
@@ -44,47 +47,53 @@ __all__ = ["CacheReport", "ShimError", "Skipped", "clear_chunks", "clear_fp8_wor
 
 
 def clear_fp8_workspaces(
-    models: object, *, params: Iterable[Any] | None = None, strict: bool | None = None
+    models: object, *, graphs: GraphMarks | None = TE_ONLY, params: Iterable[Any] | None = None, strict: bool = False
 ) -> CacheReport:
     """Drop TE's cached FP8 weight copies in `models` (a module or a list of chunks).
 
-    With `params`, only the layers owning one of those parameters are cleared. Call it before your
-    allocator flush (`torch.cuda.empty_cache()`): the freed blocks otherwise stay in PyTorch's
-    cache. TE >= 1.8 rebuilds the caches on the next forward."""
-    chunks, refused = as_chunks(models)
-    return _process(chunks, refused, clear=True, strict=strict, params=params)
+    `graphs`: a framework's marks of a CUDA-graphed chunk (integrations/ hands them down), besides
+    TE's own; None when the user says their graphs are re-captured after an offload (then graphs
+    keep nothing). With `params`, only the layers owning one of those parameters are cleared. Call it
+    before your allocator flush (`torch.cuda.empty_cache()`): the freed blocks otherwise stay in
+    PyTorch's cache. TE >= 1.8 rebuilds the caches on the next forward."""
+    return clear_chunks(*as_chunks(models), graphs=graphs, params=params, strict=strict)
 
 
 def clear_chunks(
     chunks: list[Any],
+    refused: str | None,
     *,
-    refused: str | None = None,
+    graphs: GraphMarks | None,
     params: Iterable[Any] | None = None,
-    strict: bool | None = None,
+    strict: bool = False,
 ) -> CacheReport:
     """`clear_fp8_workspaces` for chunks already split by `chunks.as_chunks` (the wrapped offload's
     handler splits them once per call); `refused` is why `models` was not looked into, if it was not."""
-    return _process(chunks, refused, clear=True, strict=strict, params=params)
+    return _process(chunks, refused, True, strict, params, graphs)
 
 
-def clear_layers(layers: list[Any], *, strict: bool | None = None) -> CacheReport:
+def clear_layers(layers: list[Any], *, graphs: GraphMarks | None, strict: bool = False) -> CacheReport:
     """Drop the caches of these TE layers (the flush net's call: no model chunk to start from).
 
     Each layer is a chunk of its own, so every rule of a chunk holds per layer: a layer whose
     Megatron `config` turns CUDA graphs on, or that carries TE's `make_graphed_callables` marks, is
     left alone; TE < 1.8 caches stay; FP8 primary weights, caching-off reasons and bytes are counted
     as for a table target."""
-    return _process(list(layers), None, clear=True, strict=strict, params=None)
+    return _process(list(layers), None, True, strict, None, graphs)
 
 
-def scan(models: object, *, params: Iterable[Any] | None = None) -> CacheReport:
+def scan(models: object, *, graphs: GraphMarks | None = TE_ONLY, params: Iterable[Any] | None = None) -> CacheReport:
     """The report `clear_fp8_workspaces` would give, changing nothing."""
-    chunks, refused = as_chunks(models)
-    return _process(chunks, refused, clear=False, strict=False, params=params)
+    return _process(*as_chunks(models), False, False, params, graphs)
 
 
 def _process(
-    chunks: list[Any], refused: str | None, clear: bool, strict: bool | None, params: Iterable[Any] | None
+    chunks: list[Any],
+    refused: str | None,
+    clear: bool,
+    strict: bool,
+    params: Iterable[Any] | None,
+    graphs: GraphMarks | None,
 ) -> CacheReport:
     """One clearing (or scan) of every chunk in `models`.
 
@@ -97,14 +106,13 @@ def _process(
     report = CacheReport(cleared=clear)
     if torch is None:
         return report
-    strict = _switches.strict() if strict is None else strict
     before = _allocated(torch) if clear else None
     taken = _Batch()
     param_ids = None if params is None else {id(p) for p in params}
     if refused is not None:
         report.skipped.append(Skipped("models", refused))
     for index, chunk in enumerate(chunks):
-        _process_chunk(index, chunk, param_ids, torch, clear, taken, report)
+        _process_chunk(index, chunk, param_ids, graphs, torch, clear, taken, report)
     taken.account(torch, report)
     if clear and before is not None:
         after = _allocated(torch)
@@ -115,12 +123,19 @@ def _process(
 
 
 def _process_chunk(
-    index: int, chunk: Any, param_ids: set[int] | None, torch: Any, clear: bool, taken: _Batch, report: CacheReport
+    index: int,
+    chunk: Any,
+    param_ids: set[int] | None,
+    graphs: GraphMarks | None,
+    torch: Any,
+    clear: bool,
+    taken: _Batch,
+    report: CacheReport,
 ) -> None:
     """One chunk: report what cannot be read or is left in place, then take its live workspaces
     (unless CUDA graphs replay into them)."""
     names = Names(index, chunk)
-    tree = walk(chunk)
+    tree = walk(chunk, marks=graphs or TE_ONLY)
     for module, exc in tree.unreadable:
         _unreadable(report, names(module), "reading the module", exc)
     modern, modern_dicts, legacy, legacy_dicts = tree.modern, tree.modern_dicts, tree.legacy, tree.legacy_dicts
@@ -131,17 +146,15 @@ def _process_chunk(
     # Whether CUDA graphs may replay into this chunk's caches: decided once, for its workspaces and
     # its primary weights' transposes alike (not knowing counts as graphed: what it reads is kept)
     try:
-        graphs: str | Exception | None = (
-            None if _switches.force_with_cuda_graphs() else cuda_graph_reason(chunk, tree.graph_mark)
-        )
+        graphed: str | Exception | None = None if graphs is None else cuda_graph_reason(chunk, tree.graph_mark, graphs)
     except Exception as exc:
-        graphs = exc
+        graphed = exc
     try:
-        primary_weight_copies(index, zip(modern, modern_dicts, strict=True), torch, report, clear and graphs is None)
+        primary_weight_copies(index, zip(modern, modern_dicts, strict=True), torch, report, clear and graphed is None)
     except Exception as exc:  # the caches below are cleared all the same
         _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
     live, workspaces = _live(modern, modern_dicts, report)
-    if live and not _graphed(index, graphs, names, workspaces, report):
+    if live and not _graphed(index, graphed, names, workspaces, report):
         taken.collect_entries(names, live, workspaces, clear, report)
 
 
@@ -200,7 +213,7 @@ def _graphed(
         "te_offload_shim: FP8 weight caches left in place because CUDA graphs are on (%s); "
         "set %s=1 if your graphs are re-captured after an offload",
         reason,
-        _switches.FORCE_CUDA_GRAPHS,
+        FORCE_CUDA_GRAPHS,
     )
     report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(map(_count, workspaces))))
     return True
