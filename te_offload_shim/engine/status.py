@@ -157,10 +157,13 @@ def _layers(target: Target, module: Any) -> tuple[int, int]:
 
 def stats() -> Stats:
     from te_offload_shim.engine import handler
-    from te_offload_shim.reports import audit
 
     result: Stats = handler.totals()  # type: ignore[assignment]  # the counters, by name
-    result["audit"] = audit.latest()
+    result["audit"] = None
+    if _switches.audit():  # the audit's module is loaded only where the audit is asked for
+        from te_offload_shim.reports import audit
+
+        result["audit"] = audit.latest()
     net = sys.modules.get("te_offload_shim.engine.net")
     zero: NetTotals = dict.fromkeys(NetTotals.__annotations__, 0)  # type: ignore[assignment]
     result["net"] = net.totals() if net is not None else zero
