@@ -208,7 +208,7 @@ def count(values: Any, params: Any, torch: Any, counted: set[int] | None = None)
     The second figure is the entries' own tensors' bytes (`nbytes`), not their storage's: an entry
     that is a view into a megatron DDP bucket shares the bucket, and the bucket is not the entry's.
     This runs for every cache entry of a model at every offload (benchmarks/walk.py): the per-tensor
-    calls run in `map`, the values of one call are counted together (te_caches._Batch), `STEP` at a
+    calls run in `map`, the values of one call are counted together (caches._Call), `STEP` at a
     time into one table, which de-duplicates storages across the passes as it fills. The values
     are all alive until this returns, so an address cannot be reused in between."""
     found: dict[int, int] = {}

@@ -139,7 +139,7 @@ def test_clearing_that_raises_does_not_stop_the_offload(caplog: pytest.LogCaptur
     assert r["offloaded"] and r["same"]
     assert r["after"]["entries"] == 1, "the raising dict keeps its entry; the other 8 are cleared"
     assert r["stats"]["entries"] == 8 and r["stats"]["errors"] == 1
-    assert caplog.text.count("cannot clear _fp8_workspaces") == 1
+    assert caplog.text.count("clearing _fp8_workspaces at") == 1
 
 
 @pytest.mark.subprocess(verl="0.8.0", env={"TE_OFFLOAD_SHIM_STRICT": "1"})
