@@ -146,18 +146,9 @@ def _tensors(values: Any, torch: Any) -> list[Any]:
             found = list(chain.from_iterable(map(plan[1], values)))
         except AttributeError:  # an instance missing a field: the careful loop below
             found = None
-    if found is None:
+    if found is None:  # mixed classes, or an instance missing a field: value by value
         found = []
-        extend = found.extend
-        plans = _plans
         for value in values:
-            plan = plans.get(type(value))
-            if plan is not None and plan[2]:
-                try:
-                    extend(plan[1](value))
-                    continue
-                except AttributeError:
-                    pass
             inner_tensors(value, torch, found)
     kinds = set(map(type, found))
     if kinds.issubset(plain):
@@ -179,16 +170,11 @@ def storages(values: Any, torch: Any) -> dict[int, int]:
     """Unique storages holding `values`: {address: nbytes}.
 
     Keyed by address alone: CUDA's unified virtual addressing gives host and every device
-    disjoint addresses, so an address names one storage in the process."""
-    return storages_of(_tensors(values, torch), torch)
-
-
-def storages_of(tensors: list[Any], torch: Any) -> dict[int, int]:
-    """{storage address: storage nbytes} of plain tensors; the loops run in C (map), not bytecode,
-    and call torch's C methods unbound (`TensorBase.untyped_storage`...): no method lookup and no
-    bound method per tensor, a quarter of this function's time (benchmarks/walk.py)."""
+    disjoint addresses, so an address names one storage in the process. The loops run in C (map),
+    not bytecode, and call torch's C methods unbound (`TensorBase.untyped_storage`...): no method
+    lookup and no bound method per tensor, a quarter of this function's time (benchmarks/walk.py)."""
     storage = torch._C.StorageBase
-    held = list(map(torch._C.TensorBase.untyped_storage, tensors))
+    held = list(map(torch._C.TensorBase.untyped_storage, _tensors(values, torch)))
     found = dict(zip(map(storage.data_ptr, held), map(storage.nbytes, held), strict=True))
     found.pop(0, None)  # empty storages (and meta tensors) hold nothing
     return found
@@ -215,7 +201,7 @@ def count(values: Any, params: Any, torch: Any, counted: set[int] | None = None)
     update = found.update
     untyped_storage, storage = torch._C.TensorBase.untyped_storage, torch._C.StorageBase
     data_ptr, nbytes = storage.data_ptr, storage.nbytes
-    for i in range(0, len(values), STEP):  # storages_of, without a table per pass
+    for i in range(0, len(values), STEP):  # `storages`, without a table per pass
         held = list(map(untyped_storage, _tensors(values[i : i + STEP], torch)))
         update(zip(map(data_ptr, held), map(nbytes, held), strict=True))
     found.pop(0, None)  # empty storages (and meta tensors) hold nothing
