@@ -198,13 +198,8 @@ def count(values: Any, params: Any, torch: Any, counted: set[int] | None = None)
     time into one table, which de-duplicates storages across the passes as it fills. The values
     are all alive until this returns, so an address cannot be reused in between."""
     found: dict[int, int] = {}
-    update = found.update
-    untyped_storage, storage = torch._C.TensorBase.untyped_storage, torch._C.StorageBase
-    data_ptr, nbytes = storage.data_ptr, storage.nbytes
-    for i in range(0, len(values), STEP):  # `storages`, without a table per pass
-        held = list(map(untyped_storage, _tensors(values[i : i + STEP], torch)))
-        update(zip(map(data_ptr, held), map(nbytes, held), strict=True))
-    found.pop(0, None)  # empty storages (and meta tensors) hold nothing
+    for i in range(0, len(values), STEP):
+        found.update(storages(values[i : i + STEP], torch))
     if counted is not None:  # None: a single call, nothing counted before it
         for key in counted.intersection(found):
             del found[key]
