@@ -233,7 +233,9 @@ class Handler:
                 return models, _NONE  # every chunk of it was cleared by a wrapper outside this call
             models = chunks
         # The chunks are split once per call, here: the clearing takes them as they are.
-        report = caches.clear_chunks(chunks, refused=refused, params=params, strict=_switches.strict())
+        report = caches.clear_chunks(
+            chunks, refused, graphs=integration_hints.cuda_graphs(), params=params, strict=_switches.strict()
+        )
         _count_clearing(target, report)
         if _switches.te_globals():  # opt-in: TE's re-creatable globals too, after the caches
             process_globals.give_back(report)

@@ -10,6 +10,10 @@ imported by the engine:
   ActorClass whose user class is inside it): `find_classes_with(finder)`, a function that returns
   the class behind such an object, or None.
 
+And one thing every clearing hands down to te/: a framework's marks of a CUDA-graphed chunk
+(`know_cuda_graphs`; Megatron's config switches). integrations/__init__.py tells them, so they are
+known before anything of integrations/ can patch a target or arm the flush net.
+
 Registering is idempotent. Standard library only: the handler reads it at every call.
 """
 
@@ -17,7 +21,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from te_offload_shim import _switches
 from te_offload_shim._reload import kept
+from te_offload_shim.te.graphs import TE_ONLY, GraphMarks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,6 +33,7 @@ if TYPE_CHECKING:
 # replaced, never edited: read without a lock; kept across a reload, as every module's state
 _ignored_keywords: frozenset[str] = kept(globals(), "_ignored_keywords", frozenset)
 _class_finders: tuple[ClassFinder, ...] = kept(globals(), "_class_finders", tuple)
+_cuda_graphs: GraphMarks = kept(globals(), "_cuda_graphs", lambda: TE_ONLY)
 
 
 def ignore_keyword(name: str) -> None:
@@ -53,3 +60,15 @@ def class_behind(obj: object) -> type | None:
         if isinstance(cls, type):
             return cls
     return None
+
+
+def know_cuda_graphs(marks: GraphMarks) -> None:
+    """A framework's marks of a CUDA-graphed chunk, handed to te/ at every clearing."""
+    global _cuda_graphs
+    _cuda_graphs = marks
+
+
+def cuda_graphs() -> GraphMarks | None:
+    """What a clearing hands te/: the marks told, or None where the user says their graphs are
+    re-captured after an offload (`TE_OFFLOAD_SHIM_FORCE_CUDA_GRAPHS=1`: graphs then keep nothing)."""
+    return None if _switches.force_with_cuda_graphs() else _cuda_graphs

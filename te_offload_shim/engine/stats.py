@@ -146,7 +146,6 @@ def net_counts() -> tuple[NetTotals, list[str]]:
 
 def snapshot() -> Stats:
     """`stats()`: every counter, the latest audit, and what TE's process globals gave back."""
-    from te_offload_shim.reports import audit
     from te_offload_shim.te import process_globals
 
     with _lock:
@@ -156,18 +155,24 @@ def snapshot() -> Stats:
         result["caching_off"] = dict(_c["caching_off"])
         result["net"] = dict(_c["net"])
     result["te_globals"] = process_globals.totals()
-    result["audit"] = audit.latest()
+    result["audit"] = None
+    if _switches.audit():  # the audit's module is loaded only where the audit is asked for
+        from te_offload_shim.reports import audit
+
+        result["audit"] = audit.latest()
     return result  # type: ignore[return-value]
 
 
 def reset() -> None:
-    from te_offload_shim.reports import audit
     from te_offload_shim.te import process_globals
 
     with _lock:
         _c.update(_zero())
     process_globals.reset()
-    audit.reset()
+    if _switches.audit():
+        from te_offload_shim.reports import audit
+
+        audit.reset()
 
 
 def write_file() -> None:

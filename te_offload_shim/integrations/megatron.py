@@ -1,10 +1,9 @@
-"""Megatron's DDP buffers: from a `_ParamAndGradBuffer` to the model whose TE layers keep weights in it.
-
-(Megatron's CUDA-graph switches and marks are read with TE's in te/graphs.py: both only say whether
-a chunk is graphed, which the clearing needs whatever the framework.)
+"""Megatron's knowledge: its marks of a CUDA-graphed chunk (`CUDA_GRAPHS`, data handed down to te/ at
+every clearing: engine/integration_hints.py, api.py), and its DDP buffers: from a `_ParamAndGradBuffer`
+to the model whose TE layers keep weights in it.
 
 A buffer knows its parameters, not its modules. Its owner is a megatron `DistributedDataParallel`
-(`ddp.buffers` / `ddp.expert_parallel_buffers`, te/ddp_buffers.py). Owners are found once, at the
+(`ddp.buffers` / `ddp.expert_parallel_buffers`, `DDP_BUFFER_LISTS`). Owners are found once, at the
 first offload of an unknown buffer, by one pass over the garbage collector's objects, then
 remembered weakly: so it works for a DDP built before or after the shim was activated, and costs
 nothing per training step. A buffer without an owner (none found, its DDP collected, or the search
@@ -36,7 +35,30 @@ from typing import Any
 
 from te_offload_shim._locks import Lock
 from te_offload_shim._reload import kept
-from te_offload_shim.te.ddp_buffers import ddp_buffers
+from te_offload_shim.te.graphs import GraphMarks
+
+# Megatron's marks of a CUDA-graphed chunk (te/graphs.py reads them; TE's own it knows itself):
+# TransformerConfig's switches (megatron/core/transformer/transformer_config.py: `cuda_graph_impl`
+# "local" / "transformer_engine", core_v0.15+ maps the older `enable_cuda_graph` / `external_cuda_graph`
+# onto it), on the chunk or on the model its wrappers (DDP, Float16Module) keep as `module`; and its
+# module marks (megatron/core/transformer/module.py, core_v0.15+; transformer_layer.py before): a
+# `cudagraph_manager` submodule for cuda_graph_impl="local", a `cuda_graphs` list that
+# TECudaGraphHelper fills for "transformer_engine".
+CUDA_GRAPHS = GraphMarks(
+    config="config",
+    wrapped="module",
+    switches=(
+        ("cuda_graph_impl", (None, "none")),
+        ("enable_cuda_graph", (None, False)),
+        ("external_cuda_graph", (None, False)),
+    ),
+    submodule="cudagraph_manager",
+    captured="cuda_graphs",
+)
+# megatron/core/distributed/distributed_data_parallel.py (core_v0.12 - 0.16): `self.buffers` holds
+# the dense parameters' `_ParamAndGradBuffer`s, `self.expert_parallel_buffers` the expert-parallel
+# ones (apart, with their own data-parallel group). reports/residue.py names the same lists.
+DDP_BUFFER_LISTS = ("buffers", "expert_parallel_buffers")
 
 # The state below outlives a reload of this module (`kept`).
 _owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = kept(globals(), "_owners", weakref.WeakKeyDictionary)
@@ -58,7 +80,9 @@ def _ddp_classes() -> tuple[type, ...]:
 
 
 def _buffers_of(ddp: Any) -> list[Any]:
-    return ddp_buffers(ddp.__dict__)
+    """The buffers a DDP's instance fields hold, dense first."""
+    fields = ddp.__dict__
+    return [buffer for name in DDP_BUFFER_LISTS for buffer in fields.get(name) or ()]
 
 
 def register(ddp: Any) -> None:

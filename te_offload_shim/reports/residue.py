@@ -29,14 +29,16 @@ from te_offload_shim.reports.process_memory import DeviceMemory, device_memory, 
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
-from te_offload_shim.te.ddp_buffers import DDP_BUFFER_LISTS
 from te_offload_shim.te.layouts import LEGACY_ATTRS, LEGACY_MARKER, WORKSPACES
 from te_offload_shim.te.walk import Names, walk
 
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
 TOP = 10
-# Megatron DDP's buffer lists (te/ddp_buffers.py) hold `_ParamAndGradBuffer`s whose `param_data` /
-# `grad_data` (and `shared_buffer`) are the allocations the parameters and `main_grad`s are views into.
+# Megatron DDP's buffer lists (the same as integrations/megatron.py's `DDP_BUFFER_LISTS`, which this report,
+# below integrations/, cannot import; tests/reports/test_residue.py keeps the two equal) hold
+# `_ParamAndGradBuffer`s whose `param_data` / `grad_data` (and `shared_buffer`) are the allocations
+# the parameters and `main_grad`s are views into.
+DDP_BUFFER_LISTS = ("buffers", "expert_parallel_buffers")
 _DDP_BUFFER_MARKS = ("param_data", "grad_data")
 # Holders given a name of their own inside their category. megatron-core 0.17+ `_ParamAndGradBuffer`
 # keeps `extra_main_grads`: FP32 `main_grad` copies of the parameters matched by

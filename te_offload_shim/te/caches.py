@@ -1,9 +1,12 @@
 """Transformer Engine's cached quantized weights: find them, count their bytes, drop them.
 
 This and the modules beside it are the only place where the shim touches TE internals. They know
-TE's layouts by release (`layouts`) and whether a chunk is CUDA-graphed (`graphs`), and nothing of
-verl, Ray or wrapt. Nothing here imports torch or TE: it works on the objects it is given, with
-torch taken from `sys.modules` (if torch is not imported, there is nothing to clear).
+TE's layouts by release (`layouts`) and whether a chunk is CUDA-graphed (`graphs`: TE's marks, and
+the framework's `GraphMarks` the caller hands down), and nothing of verl, Ray or wrapt. They read no
+switch either: the entry that calls them (the API, the wrapped offload's handler, the flush net)
+resolves strict mode and the marks, so every entry decides both the same way. Nothing here
+imports torch or TE: it works on the objects it is given, with torch taken from `sys.modules` (if
+torch is not imported, there is nothing to clear).
 
 One call: the chunks in `models` (`chunks.as_chunks`, the policy the residue report shares; the
 wrapped offload's handler splits them once and hands them to `clear_chunks`), for each chunk one
@@ -13,6 +16,7 @@ copies (`primary`), count the layers whose caching is off by configuration (`cac
 CUDA-graphed chunk alone, and take the workspaces of the others. The bytes of everything taken are
 counted once, together, at the end of the call (`sizes`).
 
+The call's state (torch, whether it clears, the marks, its report, what it took) is one `_Call`.
 Per entry the call keeps no object the cyclic collector tracks (no tuple or dict per layer or per
 entry: a few lists per call, and plain ints), so that clearing a model of 100,000 TE layers triggers
 no collection of its own (benchmarks/walk.py, "collector left on"; the collector is left alone).
@@ -24,12 +28,12 @@ import sys
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from te_offload_shim import _switches
 from te_offload_shim._log import warn_once
+from te_offload_shim._switches import FORCE_CUDA_GRAPHS
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off
 from te_offload_shim.te.chunks import as_chunks
-from te_offload_shim.te.graphs import cuda_graph_reason
+from te_offload_shim.te.graphs import TE_ONLY, GraphMarks, cuda_graph_reason
 from te_offload_shim.te.layouts import LEGACY_ATTRS, WORKSPACES
 from te_offload_shim.te.primary import primary_weight_copies
 from te_offload_shim.te.report import CacheReport, ShimError, Skipped
@@ -44,49 +48,45 @@ __all__ = ["CacheReport", "ShimError", "Skipped", "clear_chunks", "clear_fp8_wor
 
 
 def clear_fp8_workspaces(
-    models: object, *, params: Iterable[Any] | None = None, strict: bool | None = None
+    models: object, *, graphs: GraphMarks | None = TE_ONLY, params: Iterable[Any] | None = None, strict: bool = False
 ) -> CacheReport:
     """Drop TE's cached FP8 weight copies in `models` (a module or a list of chunks).
 
-    With `params`, only the layers owning one of those parameters are cleared. Call it before your
-    allocator flush (`torch.cuda.empty_cache()`): the freed blocks otherwise stay in PyTorch's
-    cache. TE >= 1.8 rebuilds the caches on the next forward."""
-    chunks, refused = as_chunks(models)
-    return _process(chunks, refused, clear=True, strict=strict, params=params)
+    `graphs`: a framework's marks of a CUDA-graphed chunk (integrations/ hands them down), besides
+    TE's own; None when the user says their graphs are re-captured after an offload (then graphs
+    keep nothing). With `params`, only the layers owning one of those parameters are cleared. Call it
+    before your allocator flush (`torch.cuda.empty_cache()`): the freed blocks otherwise stay in
+    PyTorch's cache. TE >= 1.8 rebuilds the caches on the next forward."""
+    return clear_chunks(*as_chunks(models), graphs=graphs, params=params, strict=strict)
 
 
-def clear_chunks(
-    chunks: list[Any],
-    *,
-    refused: str | None = None,
-    params: Iterable[Any] | None = None,
-    strict: bool | None = None,
-) -> CacheReport:
-    """`clear_fp8_workspaces` for chunks already split by `chunks.as_chunks` (the wrapped offload's
-    handler splits them once per call); `refused` is why `models` was not looked into, if it was not."""
-    return _process(chunks, refused, clear=True, strict=strict, params=params)
-
-
-def clear_layers(layers: list[Any], *, strict: bool | None = None) -> CacheReport:
+def clear_layers(layers: list[Any], *, graphs: GraphMarks | None, strict: bool = False) -> CacheReport:
     """Drop the caches of these TE layers (the flush net's call: no model chunk to start from).
 
     Each layer is a chunk of its own, so every rule of a chunk holds per layer: a layer whose
     Megatron `config` turns CUDA graphs on, or that carries TE's `make_graphed_callables` marks, is
     left alone; TE < 1.8 caches stay; FP8 primary weights, caching-off reasons and bytes are counted
     as for a table target."""
-    return _process(list(layers), None, clear=True, strict=strict, params=None)
+    return clear_chunks(list(layers), None, graphs=graphs, strict=strict)
 
 
-def scan(models: object, *, params: Iterable[Any] | None = None) -> CacheReport:
+def scan(models: object, *, graphs: GraphMarks | None = TE_ONLY, params: Iterable[Any] | None = None) -> CacheReport:
     """The report `clear_fp8_workspaces` would give, changing nothing."""
-    chunks, refused = as_chunks(models)
-    return _process(chunks, refused, clear=False, strict=False, params=params)
+    return clear_chunks(*as_chunks(models), graphs=graphs, params=params, clear=False)
 
 
-def _process(
-    chunks: list[Any], refused: str | None, clear: bool, strict: bool | None, params: Iterable[Any] | None
+def clear_chunks(
+    chunks: list[Any],
+    refused: str | None,
+    *,
+    graphs: GraphMarks | None,
+    params: Iterable[Any] | None = None,
+    strict: bool = False,
+    clear: bool = True,
 ) -> CacheReport:
-    """One clearing (or scan) of every chunk in `models`.
+    """`clear_fp8_workspaces` (`scan` with `clear=False`) for chunks already split by
+    `chunks.as_chunks` (the wrapped offload's handler splits them once per call); `refused` is why
+    `models` was not looked into, if it was not.
 
     The cyclic collector is left as the application has it. Switching it off for the call spares
     the collections that the walk's allocations trigger on a model of a million modules, but
@@ -97,113 +97,19 @@ def _process(
     report = CacheReport(cleared=clear)
     if torch is None:
         return report
-    strict = _switches.strict() if strict is None else strict
     before = _allocated(torch) if clear else None
-    taken = _Batch()
-    param_ids = None if params is None else {id(p) for p in params}
+    call = _Call(torch, clear, graphs, None if params is None else {id(p) for p in params}, report)
     if refused is not None:
         report.skipped.append(Skipped("models", refused))
     for index, chunk in enumerate(chunks):
-        _process_chunk(index, chunk, param_ids, torch, clear, taken, report)
-    taken.account(torch, report)
+        call.chunk(index, chunk)
+    call.account()
     if clear and before is not None:
         after = _allocated(torch)
         report.released_bytes = before - after if after is not None else None
     if strict and report.errors:
         raise ShimError("; ".join(report.errors))
     return report
-
-
-def _process_chunk(
-    index: int, chunk: Any, param_ids: set[int] | None, torch: Any, clear: bool, taken: _Batch, report: CacheReport
-) -> None:
-    """One chunk: report what cannot be read or is left in place, then take its live workspaces
-    (unless CUDA graphs replay into them)."""
-    names = Names(index, chunk)
-    tree = walk(chunk)
-    for module, exc in tree.unreadable:
-        _unreadable(report, names(module), "reading the module", exc)
-    modern, modern_dicts, legacy, legacy_dicts = tree.modern, tree.modern_dicts, tree.legacy, tree.legacy_dicts
-    if param_ids is not None:
-        modern, modern_dicts = _owned(modern, modern_dicts, param_ids, names, report)
-        legacy, legacy_dicts = _owned(legacy, legacy_dicts, param_ids, names, report)
-    _report_legacy(legacy, legacy_dicts, names, torch, report)
-    # Whether CUDA graphs may replay into this chunk's caches: decided once, for its workspaces and
-    # its primary weights' transposes alike (not knowing counts as graphed: what it reads is kept)
-    try:
-        graphs: str | Exception | None = (
-            None if _switches.force_with_cuda_graphs() else cuda_graph_reason(chunk, tree.graph_mark)
-        )
-    except Exception as exc:
-        graphs = exc
-    try:
-        primary_weight_copies(index, zip(modern, modern_dicts, strict=True), torch, report, clear and graphs is None)
-    except Exception as exc:  # the caches below are cleared all the same
-        _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
-    live, workspaces = _live(modern, modern_dicts, report)
-    if live and not _graphed(index, graphs, names, workspaces, report):
-        taken.collect_entries(names, live, workspaces, clear, report)
-
-
-def _report_legacy(legacy: list[Any], dicts: list[dict], names: Names, torch: Any, report: CacheReport) -> None:
-    """TE < 1.8 layers that cached something: left in place (clearing them is unsafe), reported."""
-    for module, d in zip(legacy, dicts, strict=True):
-        if all(d.get(a) is None for a in LEGACY_ATTRS):
-            continue  # a TE < 1.8 layer that has cached nothing (yet): nothing left in place
-        try:
-            held = sizes.storages([d.get(a) for a in LEGACY_ATTRS], torch)
-            entries = sum(1 for a in LEGACY_ATTRS if d.get(a) is not None)
-        except Exception as exc:
-            _unreadable(report, names(module), "reading its TE < 1.8 caches", exc)
-            continue
-        report.skipped.append(
-            Skipped(
-                names(module),
-                "TE < 1.8 cache layout (weight*_fp8): clearing is unsafe, left in place",
-                entries,
-                sum(held.values()),
-            )
-        )
-
-
-def _live(modern: list[Any], dicts: list[dict], report: CacheReport) -> tuple[list[Any], list[Any]]:
-    """The TE >= 1.8 layers whose workspaces hold something, and those workspaces (position by
-    position); of the empty ones, those whose caching is off by configuration are counted by reason."""
-    live: list[Any] = []
-    held: list[Any] = []
-    keep, keep_held = live.append, held.append
-    off = report.caching_off
-    for module, d in zip(modern, dicts, strict=True):
-        workspaces = d[WORKSPACES]
-        if workspaces if type(workspaces) is dict else _nonempty(workspaces):  # a dict's truth never raises
-            keep(module)
-            keep_held(workspaces)
-        else:
-            reason = caching_off(d)
-            if reason is not None:
-                off[reason] = off.get(reason, 0) + 1
-    return live, held
-
-
-def _graphed(
-    index: int, reason: str | Exception | None, names: Names, workspaces: list[Any], report: CacheReport
-) -> bool:
-    """Whether this chunk's caches stay because CUDA graphs may replay into them (said once, and
-    reported); also when its graph settings could not be read (`reason` is what reading raised)."""
-    if isinstance(reason, Exception):
-        _unreadable(report, names.prefix, "reading its CUDA graph settings", reason)
-        return True
-    if reason is None:
-        return False
-    warn_once(
-        f"cuda-graphs:{reason}",
-        "te_offload_shim: FP8 weight caches left in place because CUDA graphs are on (%s); "
-        "set %s=1 if your graphs are re-captured after an offload",
-        reason,
-        _switches.FORCE_CUDA_GRAPHS,
-    )
-    report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(map(_count, workspaces))))
-    return True
 
 
 def _allocated(torch: Any) -> int | None:
@@ -233,15 +139,10 @@ def _count(workspaces: Any) -> int:
         return 0
 
 
-def _owns_any(d: dict, param_ids: set[int] | None) -> bool:
-    if param_ids is None:
-        return True
-    return any(id(p) in param_ids for p in (d.get("_parameters") or {}).values())
-
-
-def _unreadable(report: CacheReport, where: str, doing: str, exc: Exception) -> None:
-    """One module (or chunk) that could not be read: left alone and reported, the others go on."""
-    report.skipped.append(Skipped(where, f"{doing} raised {type(exc).__name__}: {exc}"))
+def _unreadable(report: CacheReport, where: str, doing: str, exc: Exception, entries: int = 0) -> None:
+    """One module (or chunk) that could not be read or cleared: left alone and reported (with the
+    `entries` it keeps, where known), the others go on."""
+    report.skipped.append(Skipped(where, f"{doing} raised {type(exc).__name__}: {exc}", entries))
     report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
     warn_once(
         f"unreadable:{doing}:{type(exc).__name__}",
@@ -252,38 +153,121 @@ def _unreadable(report: CacheReport, where: str, doing: str, exc: Exception) -> 
     )
 
 
-def _owned(
-    found: list[Any], dicts: list[dict], param_ids: set[int], names: Names, report: CacheReport
-) -> tuple[list[Any], list[dict]]:
-    owned: list[Any] = []
-    owned_dicts: list[dict] = []
-    for module, d in zip(found, dicts, strict=True):
-        try:
-            if _owns_any(d, param_ids):
-                owned.append(module)
-                owned_dicts.append(d)
-        except Exception as exc:
-            _unreadable(report, names(module), "reading its parameters", exc)
-    return owned, owned_dicts
-
-
-class _Batch:
-    """The values popped in one call, with their modules' parameters: their bytes are counted once,
-    together, at the end of the call (one pass and one storage table for the whole call, not one
-    per module; a storage two entries share counts once). They are held only until then: the
-    offload frees memory after the call returns, and they were all alive when it began.
+class _Call:
+    """One clearing (or scan): what it works with, its report, and the values it popped, with their
+    modules' parameters: their bytes are counted once, together, at the end of the call (one pass
+    and one storage table for the whole call, not one per module; a storage two entries share counts
+    once). They are held only until then: the offload frees memory after the call returns, and they
+    were all alive when it began.
 
     Which module each value came from (for error messages) is two lists, the modules and where
     each one's values end in `values`: no tuple per module (see the module's docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, torch: Any, clear: bool, graphs: GraphMarks | None, param_ids: set[int] | None, report: CacheReport
+    ) -> None:
+        self.torch, self.clear, self.graphs, self.param_ids, self.report = torch, clear, graphs, param_ids, report
         self.values: list[Any] = []
         self.params: list[Any] = []
         self.owners: list[Any] = []  # the module of each run of values, in order
         self.ends: list[int] = []  # where that module's values end in `values`
-        self.counted: set[int] = set()  # storages counted for earlier modules, when counting module by module
 
-    def add(self, module: Any, values: list[Any]) -> None:
+    def chunk(self, index: int, chunk: Any) -> None:
+        """One chunk: report what cannot be read or is left in place, then take its live workspaces
+        (unless CUDA graphs replay into them)."""
+        report, torch, graphs = self.report, self.torch, self.graphs
+        names = Names(index, chunk)
+        tree = walk(chunk, marks=graphs or TE_ONLY)
+        for module, exc in tree.unreadable:
+            _unreadable(report, names(module), "reading the module", exc)
+        modern, modern_dicts, legacy, legacy_dicts = tree.modern, tree.modern_dicts, tree.legacy, tree.legacy_dicts
+        if self.param_ids is not None:
+            modern, modern_dicts = self._owned(modern, modern_dicts, names)
+            legacy, legacy_dicts = self._owned(legacy, legacy_dicts, names)
+        self._report_legacy(legacy, legacy_dicts, names)
+        # Whether CUDA graphs may replay into this chunk's caches: decided once, for its workspaces and
+        # its primary weights' transposes alike (not knowing counts as graphed: what it reads is kept)
+        try:
+            graphed: str | Exception | None = (
+                None if graphs is None else cuda_graph_reason(chunk, tree.graph_mark, graphs)
+            )
+        except Exception as exc:
+            graphed = exc
+        try:
+            primary_weight_copies(
+                index, zip(modern, modern_dicts, strict=True), torch, report, self.clear and graphed is None
+            )
+        except Exception as exc:  # the caches below are cleared all the same
+            _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
+        live, workspaces = self._live(modern, modern_dicts)
+        if live and not self._graphed(index, graphed, names, workspaces):
+            self.collect_entries(names, live, workspaces)
+
+    def _owned(self, found: list[Any], dicts: list[dict], names: Names) -> tuple[list[Any], list[dict]]:
+        """The modules of `found` (and their dicts) that own one of the call's parameters."""
+        owned: list[Any] = []
+        owned_dicts: list[dict] = []
+        param_ids = self.param_ids or set()
+        for module, d in zip(found, dicts, strict=True):
+            try:
+                if any(id(p) in param_ids for p in (d.get("_parameters") or {}).values()):
+                    owned.append(module)
+                    owned_dicts.append(d)
+            except Exception as exc:
+                _unreadable(self.report, names(module), "reading its parameters", exc)
+        return owned, owned_dicts
+
+    def _report_legacy(self, legacy: list[Any], dicts: list[dict], names: Names) -> None:
+        """TE < 1.8 layers that cached something: left in place (clearing them is unsafe), reported."""
+        for module, d in zip(legacy, dicts, strict=True):
+            held = [d.get(a) for a in LEGACY_ATTRS]
+            if all(h is None for h in held):
+                continue  # a TE < 1.8 layer that has cached nothing (yet): nothing left in place
+            try:
+                nbytes = sum(sizes.storages(held, self.torch).values())
+            except Exception as exc:
+                _unreadable(self.report, names(module), "reading its TE < 1.8 caches", exc)
+                continue
+            reason = "TE < 1.8 cache layout (weight*_fp8): clearing is unsafe, left in place"
+            self.report.skipped.append(Skipped(names(module), reason, sum(h is not None for h in held), nbytes))
+
+    def _live(self, modern: list[Any], dicts: list[dict]) -> tuple[list[Any], list[Any]]:
+        """The TE >= 1.8 layers whose workspaces hold something, and those workspaces (position by
+        position); of the empty ones, those whose caching is off by configuration are counted by reason."""
+        live: list[Any] = []
+        held: list[Any] = []
+        keep, keep_held = live.append, held.append
+        off = self.report.caching_off
+        for module, d in zip(modern, dicts, strict=True):
+            workspaces = d[WORKSPACES]
+            if workspaces if type(workspaces) is dict else _nonempty(workspaces):  # a dict's truth never raises
+                keep(module)
+                keep_held(workspaces)
+            else:
+                reason = caching_off(d)
+                if reason is not None:
+                    off[reason] = off.get(reason, 0) + 1
+        return live, held
+
+    def _graphed(self, index: int, reason: str | Exception | None, names: Names, workspaces: list[Any]) -> bool:
+        """Whether this chunk's caches stay because CUDA graphs may replay into them (said once, and
+        reported); also when its graph settings could not be read (`reason` is what reading raised)."""
+        if isinstance(reason, Exception):
+            _unreadable(self.report, names.prefix, "reading its CUDA graph settings", reason)
+            return True
+        if reason is None:
+            return False
+        warn_once(
+            f"cuda-graphs:{reason}",
+            "te_offload_shim: FP8 weight caches left in place because CUDA graphs are on (%s); "
+            "set %s=1 if your graphs are re-captured after an offload",
+            reason,
+            FORCE_CUDA_GRAPHS,
+        )
+        self.report.skipped.append(Skipped(f"chunk{index}", f"CUDA graphs: {reason}", sum(map(_count, workspaces))))
+        return True
+
+    def add(self, module: Any, values: Any) -> None:
         self.values += values
         self.owners.append(module)
         self.ends.append(len(self.values))
@@ -291,42 +275,67 @@ class _Batch:
         if own:
             self.params += own.values()
 
-    def collect_entries(
-        self, where: Where, live: list[Any], workspaces: list[Any], clear: bool, report: CacheReport
-    ) -> None:
+    def collect_entries(self, where: Where, live: list[Any], workspaces: list[Any]) -> None:
         """Collect (and, when clearing, clear) the entries of these modules (`workspaces[i]` is
         `live[i]`'s). A plain dict, the layout of every TE release that has one, is read and
         cleared inline: neither can raise, and this runs once per TE layer of the model. Anything
         else goes the careful way (`clear_module`). `where` names a module for the records."""
-        values, params, owners, ends = self.values, self.params, self.owners.append, self.ends.append
+        values, add, clear = self.values, self.add, self.clear
         entries = modules = 0
         for module, held in zip(live, workspaces, strict=True):
             if type(held) is not dict:
-                clear_module(where, module, held, clear, self, report)
+                self.clear_module(where, module, held)
                 continue
             start = len(values)
-            values += held.values()
-            owners(module)
-            ends(len(values))
-            own = module.__dict__.get("_parameters")
-            if own:
-                params += own.values()
+            add(module, held.values())
             if clear:
                 held.clear()
             entries += len(values) - start
             modules += 1
-        report.entries += entries
-        report.modules += modules
+        self.report.entries += entries
+        self.report.modules += modules
 
-    def account(self, torch: Any, report: CacheReport) -> None:
+    def clear_module(self, where: Where, module: Any, workspaces: Any) -> None:
+        """One TE layer's `workspaces` (its `_fp8_workspaces`, whatever it is), the careful way: taken
+        (`account` counts their bytes) and, when clearing, emptied; anything that raises is reported
+        for this layer alone. Needs no chunk: `where(module)` names it in records."""
+        report = self.report
+        if not isinstance(workspaces, dict):
+            name = where(module)
+            reason = f"{WORKSPACES} is a {type(workspaces).__name__}, not a dict"
+            warn_once("not-dict", "te_offload_shim: %s at %s; left alone", reason, name)
+            report.skipped.append(Skipped(name, reason))
+            return
+        try:
+            values = list(workspaces.values())
+        except Exception as exc:
+            _unreadable(report, where(module), f"reading {WORKSPACES}", exc)
+            return
+        self.add(module, values)
+        if self.clear:
+            try:
+                if type(workspaces) is dict:
+                    workspaces.clear()
+                else:
+                    for key in list(workspaces):
+                        workspaces.pop(key)
+            except Exception as exc:
+                _unreadable(report, where(module), f"clearing {WORKSPACES}", exc, len(values))
+                return
+        report.entries += len(values)
+        report.modules += 1
+
+    def account(self) -> None:
+        """Count the bytes of every value taken, then let go of them."""
         if not self.values:
             return
+        torch, report = self.torch, self.report
         try:
             try:
                 freed, shared = sizes.count(self.values, self.params, torch)
             except Exception:  # find the module whose values cannot be counted; count the others
                 freed = shared = 0
-                counted = self.counted
+                counted: set[int] = set()  # storages counted for earlier modules
                 for module, (start, end) in zip(self.owners, pairwise([0, *self.ends]), strict=True):
                     try:
                         own = (module.__dict__.get("_parameters") or {}).values()
@@ -346,44 +355,3 @@ class _Batch:
             self.params.clear()
             self.owners.clear()
             self.ends.clear()
-
-
-def clear_module(where: Where, module: Any, workspaces: Any, clear: bool, batch: _Batch, report: CacheReport) -> None:
-    """One TE layer's `workspaces` (its `_fp8_workspaces`, whatever it is), the careful way: taken
-    into `batch` (whose `account` counts their bytes) and, when clearing, emptied; anything that
-    raises is reported for this layer alone. Needs no chunk: `where(module)` names it in records."""
-    if not isinstance(workspaces, dict):
-        name = where(module)
-        reason = f"{WORKSPACES} is a {type(workspaces).__name__}, not a dict"
-        warn_once("not-dict", "te_offload_shim: %s at %s; left alone", reason, name)
-        report.skipped.append(Skipped(name, reason))
-        return
-    try:
-        values = list(workspaces.values())
-        entries = len(values)
-    except Exception as exc:
-        _unreadable(report, where(module), f"reading {WORKSPACES}", exc)
-        return
-    batch.add(module, values)
-    del values
-    if clear:
-        try:
-            if type(workspaces) is dict:
-                workspaces.clear()
-            else:
-                for key in list(workspaces):
-                    workspaces.pop(key)
-        except Exception as exc:
-            name = where(module)
-            report.skipped.append(Skipped(name, f"clearing {WORKSPACES} raised {type(exc).__name__}: {exc}", entries))
-            report.errors.append(f"{name}: {type(exc).__name__}: {exc}")
-            warn_once(
-                f"pop:{type(workspaces).__name__}",
-                "te_offload_shim: cannot clear %s at %s: %s",
-                WORKSPACES,
-                name,
-                repr(exc),
-            )
-            return
-    report.entries += entries
-    report.modules += 1

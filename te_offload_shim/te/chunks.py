@@ -29,10 +29,8 @@ def as_chunks(models: object) -> tuple[list[Any], str | None]:
     if isinstance(models, module_type):
         return [models], None
     cls = type(models)
-    if issubclass(cls, list):
-        items: Iterator[Any] = list.__iter__(models)  # type: ignore[arg-type]
-    elif issubclass(cls, tuple):
-        items = tuple.__iter__(models)  # type: ignore[arg-type]
+    if issubclass(cls, (list, tuple)):  # the base class's own iterator, never an override
+        items: Iterator[Any] = (list if issubclass(cls, list) else tuple).__iter__(models)  # type: ignore[arg-type]
     elif getattr(cls, "__iter__", None) is not None or getattr(cls, "__getitem__", None) is not None:
         return [], _not_iterated(models)
     else:

@@ -1,25 +1,32 @@
-"""Whether a model chunk is CUDA-graphed: TE's marks and Megatron's switches and marks.
+"""Whether a model chunk is CUDA-graphed: TE's own marks, and a framework's handed down as data.
 
 A captured CUDA graph keeps the addresses of TE's workspaces: freed, a replay touches memory that now
-belongs to someone else, so a chunk with graphs on is never cleared. Both TE (`make_graphed_callables`)
-and Megatron (its config switches, its graph holders) say "this chunk is graphed"; the walk over a
-chunk notices the module marks on its way (`MEGATRON_GRAPH_SUBMODULE`, `MEGATRON_GRAPH_LIST`, `te_graph_mark`), and
-`cuda_graph_reason` adds what the chunk's config says. Attribute names only: nothing is imported.
-`private_pools` says what the process as a whole holds in graph pools (read from the allocator).
+belongs to someone else, so a chunk with graphs on is never cleared. TE (`make_graphed_callables`)
+marks the modules it graphs; a framework says it in its config and its own module marks, which
+integrations/ hands down as `GraphMarks` (Megatron's: integrations/megatron.py) at every clearing.
+The walk over a chunk notices the module marks on its way (`te_graph_mark`, `GraphMarks.submodule`,
+`GraphMarks.captured`), and `cuda_graph_reason` adds what the chunk's config says. Attribute names
+only: nothing is imported. `private_pools` says what the process as a whole holds in graph pools
+(read from the allocator).
 """
 
 from __future__ import annotations
 
 from types import FunctionType
-from typing import Any
+from typing import Any, NamedTuple
 
-# Megatron's TransformerConfig switches for CUDA graphs (megatron/core/transformer/transformer_config.py).
-MEGATRON_CONFIG_FLAGS = ("enable_cuda_graph", "external_cuda_graph")
-# Megatron's module markers (megatron/core/transformer/module.py, core_v0.15+; transformer_layer.py
-# before): a `cudagraph_manager` submodule for cuda_graph_impl="local", a `cuda_graphs` list that
-# TECudaGraphHelper fills for "transformer_engine".
-MEGATRON_GRAPH_SUBMODULE = "cudagraph_manager"
-MEGATRON_GRAPH_LIST = "cuda_graphs"
+
+class GraphMarks(NamedTuple):
+    """A framework's marks of a CUDA-graphed chunk. The empty default marks nothing: TE's own only."""
+
+    config: str = ""  # the instance attribute that holds the model's config
+    wrapped: str = ""  # the child a wrapper keeps its model in: the config is looked for down it too
+    switches: tuple[tuple[str, tuple[object, ...]], ...] = ()  # (config attribute, its values meaning "off")
+    submodule: str = ""  # a child module by this name is set on a graphed module
+    captured: str = ""  # an instance attribute by this name holds a graphed module's captured graphs
+
+
+TE_ONLY = GraphMarks()
 
 # TE's own marks (transformer_engine/pytorch/graph.py, 1.9 - 2.20; checked against each release's
 # graph.py by tests/hostile/test_te_cuda_graphs.py):
@@ -47,22 +54,21 @@ def te_graph_mark(module: Any) -> str | None:
     return None
 
 
-def cuda_graph_reason(chunk: Any, graph_mark: str | None = None) -> str | None:
+def cuda_graph_reason(chunk: Any, graph_mark: str | None, marks: GraphMarks) -> str | None:
     """Why clearing this chunk would be unsafe because of CUDA graphs, or None.
 
-    `graph_mark` is what the walk over the chunk found (a module mark); Megatron's config says
-    whether graphs are on, for the chunk and every wrapper around its module."""
+    `graph_mark` is what the walk over the chunk found (a module mark); the config named by `marks`
+    says whether graphs are on, for the chunk and every wrapper around its model."""
     obj, depth = chunk, 0
     while obj is not None and depth < 8:
-        config = obj.__dict__.get("config") if hasattr(obj, "__dict__") else None
+        d = obj.__dict__ if hasattr(obj, "__dict__") else {}
+        config = d.get(marks.config)
         if config is not None:
-            impl = getattr(config, "cuda_graph_impl", None)
-            if impl not in (None, "none"):
-                return f"config.cuda_graph_impl={impl!r}"
-            for flag in MEGATRON_CONFIG_FLAGS:
-                if getattr(config, flag, False) is True:
-                    return f"config.{flag}=True"
-        obj = obj.__dict__.get("_modules", {}).get("module") if hasattr(obj, "__dict__") else None
+            for switch, off in marks.switches:
+                value = getattr(config, switch, None)
+                if value not in off:
+                    return f"config.{switch}={value!r}"
+        obj = d.get("_modules", {}).get(marks.wrapped)
         depth += 1
     return graph_mark
 

@@ -76,10 +76,7 @@ def give_back(report: CacheReport) -> None:
             _totals["kept"][reason] = _totals["kept"].get(reason, 0) + 1
         return
     nbytes = sum(sizes.storages(list(held.values()), torch).values())
-    entries = 0
-    for key in list(held):
-        if held.pop(key, None) is not None:
-            entries += 1
+    entries = sum(held.pop(key, None) is not None for key in list(held))  # popped, never resized
     with _lock:
         first = _totals["calls"] == 0
         _totals["calls"] += 1

@@ -146,18 +146,9 @@ def _tensors(values: Any, torch: Any) -> list[Any]:
             found = list(chain.from_iterable(map(plan[1], values)))
         except AttributeError:  # an instance missing a field: the careful loop below
             found = None
-    if found is None:
+    if found is None:  # mixed classes, or an instance missing a field: value by value
         found = []
-        extend = found.extend
-        plans = _plans
         for value in values:
-            plan = plans.get(type(value))
-            if plan is not None and plan[2]:
-                try:
-                    extend(plan[1](value))
-                    continue
-                except AttributeError:
-                    pass
             inner_tensors(value, torch, found)
     kinds = set(map(type, found))
     if kinds.issubset(plain):
@@ -179,16 +170,11 @@ def storages(values: Any, torch: Any) -> dict[int, int]:
     """Unique storages holding `values`: {address: nbytes}.
 
     Keyed by address alone: CUDA's unified virtual addressing gives host and every device
-    disjoint addresses, so an address names one storage in the process."""
-    return storages_of(_tensors(values, torch), torch)
-
-
-def storages_of(tensors: list[Any], torch: Any) -> dict[int, int]:
-    """{storage address: storage nbytes} of plain tensors; the loops run in C (map), not bytecode,
-    and call torch's C methods unbound (`TensorBase.untyped_storage`...): no method lookup and no
-    bound method per tensor, a quarter of this function's time (benchmarks/walk.py)."""
+    disjoint addresses, so an address names one storage in the process. The loops run in C (map),
+    not bytecode, and call torch's C methods unbound (`TensorBase.untyped_storage`...): no method
+    lookup and no bound method per tensor, a quarter of this function's time (benchmarks/walk.py)."""
     storage = torch._C.StorageBase
-    held = list(map(torch._C.TensorBase.untyped_storage, tensors))
+    held = list(map(torch._C.TensorBase.untyped_storage, _tensors(values, torch)))
     found = dict(zip(map(storage.data_ptr, held), map(storage.nbytes, held), strict=True))
     found.pop(0, None)  # empty storages (and meta tensors) hold nothing
     return found
@@ -208,17 +194,12 @@ def count(values: Any, params: Any, torch: Any, counted: set[int] | None = None)
     The second figure is the entries' own tensors' bytes (`nbytes`), not their storage's: an entry
     that is a view into a megatron DDP bucket shares the bucket, and the bucket is not the entry's.
     This runs for every cache entry of a model at every offload (benchmarks/walk.py): the per-tensor
-    calls run in `map`, the values of one call are counted together (te_caches._Batch), `STEP` at a
+    calls run in `map`, the values of one call are counted together (caches._Call), `STEP` at a
     time into one table, which de-duplicates storages across the passes as it fills. The values
     are all alive until this returns, so an address cannot be reused in between."""
     found: dict[int, int] = {}
-    update = found.update
-    untyped_storage, storage = torch._C.TensorBase.untyped_storage, torch._C.StorageBase
-    data_ptr, nbytes = storage.data_ptr, storage.nbytes
-    for i in range(0, len(values), STEP):  # storages_of, without a table per pass
-        held = list(map(untyped_storage, _tensors(values[i : i + STEP], torch)))
-        update(zip(map(data_ptr, held), map(nbytes, held), strict=True))
-    found.pop(0, None)  # empty storages (and meta tensors) hold nothing
+    for i in range(0, len(values), STEP):
+        found.update(storages(values[i : i + STEP], torch))
     if counted is not None:  # None: a single call, nothing counted before it
         for key in counted.intersection(found):
             del found[key]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from te_offload_shim.te.graphs import MEGATRON_GRAPH_LIST, MEGATRON_GRAPH_SUBMODULE, te_graph_mark
+from te_offload_shim.te.graphs import TE_ONLY, GraphMarks, te_graph_mark
 from te_offload_shim.te.layouts import LEGACY_MARKER, WORKSPACES
 
 
@@ -44,12 +44,12 @@ def child_modules(module: Any) -> list[tuple[str, Any]]:
         return []
 
 
-def walk(chunk: Any, *, every: bool = False, seen: set[int] | None = None) -> Tree:
+def walk(chunk: Any, *, marks: GraphMarks = TE_ONLY, every: bool = False, seen: set[int] | None = None) -> Tree:
     """One pass over the module tree reading instance dicts only, pre-order with children in order
     (as `named_modules()`). This loop runs once per module of a model of up to millions of modules,
     hence the local aliases. A module that cannot be read costs only itself: its children are
-    still walked. `seen`: ids of modules already walked (in an earlier chunk of the same call),
-    skipped here and added to."""
+    still walked. `marks`: a framework's module marks of a graphed chunk, besides TE's own. `seen`:
+    ids of modules already walked (in an earlier chunk of the same call), skipped here and added to."""
     modern: list[Any] = []
     modern_dicts: list[dict] = []
     legacy: list[Any] = []
@@ -58,6 +58,7 @@ def walk(chunk: Any, *, every: bool = False, seen: set[int] | None = None) -> Tr
     every_dicts: list[dict] = []
     unreadable: list[tuple[Any, Exception]] = []
     graph_mark = None
+    submodule, captured = marks.submodule, marks.captured
     seen = set() if seen is None else seen
     stack = [chunk]
     pop, push, mark_seen = stack.pop, stack.extend, seen.add
@@ -70,11 +71,11 @@ def walk(chunk: Any, *, every: bool = False, seen: set[int] | None = None) -> Tr
             d = module.__dict__
             children = d.get("_modules")
             if children:
-                if graph_mark is None and children.get(MEGATRON_GRAPH_SUBMODULE) is not None:
-                    graph_mark = f"{type(module).__name__}.{MEGATRON_GRAPH_SUBMODULE} is set"
+                if graph_mark is None and children.get(submodule) is not None:
+                    graph_mark = f"{type(module).__name__}.{submodule} is set"
                 push(reversed(children.values()))
-            if graph_mark is None and MEGATRON_GRAPH_LIST in d and d[MEGATRON_GRAPH_LIST]:
-                graph_mark = f"{type(module).__name__}.{MEGATRON_GRAPH_LIST} holds captured graphs"
+            if graph_mark is None and captured in d and d[captured]:
+                graph_mark = f"{type(module).__name__}.{captured} holds captured graphs"
             if graph_mark is None and ("forward" in d or "reset" in d or "backward_dw" in d):
                 graph_mark = te_graph_mark(module)
             if WORKSPACES in d:

@@ -73,3 +73,25 @@ def test_instance_forwards_that_are_not_te_graphs_do_not_block_clearing() -> Non
     layer.reset = lambda: None
     layer.backward_dw = "not a function"
     assert clear_fp8_workspaces(chunk).entries == 1
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM": "0"}, timeout=120)
+def test_direct_clearing_with_the_shim_off_leaves_a_megatron_graphed_chunk() -> None:
+    """`TE_OFFLOAD_SHIM=0`: nothing is patched, so nothing loads integrations/ before the user's own
+    `clear_fp8_workspaces` call. The call hands te/ Megatron's marks all the same (api.py): a chunk
+    whose megatron-core TransformerConfig turns CUDA graphs on keeps its caches, as in scan."""
+    import sys
+
+    from megatron.core.transformer import TransformerConfig
+
+    import te_offload_shim as shim
+
+    assert not shim.installed() and "te_offload_shim.integrations" not in sys.modules
+    chunk, layer = _chunk()
+    chunk.config = TransformerConfig(  # type: ignore[assignment]  # megatron's modules carry it
+        num_layers=1, hidden_size=8, num_attention_heads=1, use_cpu_initialization=True, cuda_graph_impl="local"
+    )
+    for report in (shim.scan([chunk]), shim.clear_fp8_workspaces([chunk])):
+        assert report.entries == 0, report
+        assert report.skipped[0].reason == "CUDA graphs: config.cuda_graph_impl='local'"
+    assert len(layer.linear._fp8_workspaces) == 1, "nothing cleared"

@@ -367,3 +367,12 @@ def test_private_pools_are_read_from_the_allocators_snapshot(monkeypatch: pytest
     assert report.private_pools == {"cuda:0": 6 << 20, "cuda:1": 8 << 20}
     assert "private pools (CUDA graphs, MemPools): cuda:0 6.00 MiB, cuda:1 8.00 MiB" in report.summary()
     assert report.as_dict()["private_pools"] == report.private_pools
+
+
+def test_the_report_names_the_ddp_buffer_lists_megatrons_owner_search_reads() -> None:
+    """The residue report sits below integrations/ and keeps its own copy of Megatron's DDP buffer
+    lists: the two stay equal."""
+    from te_offload_shim.integrations.megatron import DDP_BUFFER_LISTS
+    from te_offload_shim.reports import residue
+
+    assert residue.DDP_BUFFER_LISTS == DDP_BUFFER_LISTS

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+import te_offload_shim as shim
 from harness import te_standins as te
 from te_offload_shim.te import sizes as te_bytes
 from te_offload_shim.te.caches import ShimError, clear_fp8_workspaces, scan
@@ -161,8 +162,8 @@ def test_cuda_graph_configs_are_refused(config: dict, reason: str, caplog: pytes
     outer = _chunk_with_cache()
     outer.config = _graph_config(**config)  # like megatron DDP / Float16Module / GPTModel carry it
     with caplog.at_level(logging.WARNING, logger="te_offload_shim"):
-        report = clear_fp8_workspaces([outer])
-        clear_fp8_workspaces([outer])
+        report = shim.clear_fp8_workspaces([outer])
+        shim.clear_fp8_workspaces([outer])
     assert report.entries == 0 and report.skipped[0].reason == f"CUDA graphs: config.{reason}"
     assert report.skipped[0].entries == 1
     assert outer[0][0]._fp8_workspaces, "nothing cleared"
@@ -175,13 +176,13 @@ def test_cuda_graph_config_on_an_inner_wrapper_is_refused() -> None:
     inner.config = _graph_config(cuda_graph_impl="local")
     wrapper = torch.nn.Module()
     wrapper.module = inner
-    assert clear_fp8_workspaces([wrapper]).entries == 0
+    assert shim.clear_fp8_workspaces([wrapper]).entries == 0
 
 
 def test_old_megatron_flags_without_cuda_graph_impl_are_refused() -> None:
     outer = _chunk_with_cache()
     outer.config = type("OldConfig", (), {"enable_cuda_graph": True, "external_cuda_graph": False})()
-    assert clear_fp8_workspaces([outer]).skipped[0].reason == "CUDA graphs: config.enable_cuda_graph=True"
+    assert shim.clear_fp8_workspaces([outer]).skipped[0].reason == "CUDA graphs: config.enable_cuda_graph=True"
 
 
 @pytest.mark.parametrize("marker", ["cudagraph_manager", "cuda_graphs"])
@@ -192,21 +193,21 @@ def test_cuda_graph_module_markers_are_refused(marker: str) -> None:
         layer_owner.cudagraph_manager = torch.nn.Module()  # megatron's CudaGraphManager is a submodule
     else:
         layer_owner.cuda_graphs = [object()]  # filled by TECudaGraphHelper once captured
-    report = clear_fp8_workspaces(chunk)
+    report = shim.clear_fp8_workspaces(chunk)
     assert report.entries == 0 and marker in report.skipped[0].reason
 
 
 def test_empty_cuda_graphs_list_is_not_a_marker() -> None:
     chunk = _chunk_with_cache()
     chunk[0].cuda_graphs = []
-    assert clear_fp8_workspaces(chunk).entries == 1
+    assert shim.clear_fp8_workspaces(chunk).entries == 1
 
 
 def test_force_switch_clears_despite_cuda_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     outer = _chunk_with_cache()
     outer.config = _graph_config(cuda_graph_impl="local")
     monkeypatch.setenv("TE_OFFLOAD_SHIM_FORCE_CUDA_GRAPHS", "1")
-    assert clear_fp8_workspaces([outer]).entries == 1
+    assert shim.clear_fp8_workspaces([outer]).entries == 1
 
 
 class _BrokenValue:
@@ -404,7 +405,7 @@ def test_fp8_primary_weight_transpose_dropped_only_where_te_rebuilds_it_and_neve
     chunk = torch.nn.Sequential(layer)
     if graphs:
         chunk[0].cuda_graphs = [object()]  # type: ignore[assignment]  # torch types Module attributes Tensor | Module
-    report = clear_fp8_workspaces(chunk, strict=True)
+    report = shim.clear_fp8_workspaces(chunk, strict=True)
     assert report.primary_weight_params == 1
     assert (weight._transpose is None) is dropped and weight._data is not None
     assert (report.primary_weight_cleared, report.primary_weight_bytes) == (

@@ -38,8 +38,13 @@ TOOLS = (
     "te_offload_shim.integrations.discover",
     "te_offload_shim.integrations.versions",
 )
-# Runtime, loaded only when asked for (`residue()`, TE_OFFLOAD_SHIM_AUDIT): not by a plain training run
-ON_REQUEST = ("te_offload_shim.reports.residue", "te_offload_shim.reports.process_memory")
+# Runtime, loaded only when asked for (`residue()`, TE_OFFLOAD_SHIM_AUDIT; stats() reads the audit only
+# while it is on): not by a plain training run
+ON_REQUEST = (
+    "te_offload_shim.reports.residue",
+    "te_offload_shim.reports.process_memory",
+    "te_offload_shim.reports.audit",
+)
 
 
 def loaded_package_files() -> dict[str, int]:
