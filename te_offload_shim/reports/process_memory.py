@@ -7,13 +7,14 @@ from the caller, never imported.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from te_offload_shim.te import sizes
 from te_offload_shim.te.graphs import private_pools
 
-__all__ = ["DeviceMemory", "device_memory", "private_pools", "te_global_memory"]
+__all__ = ["DeviceMemory", "device_memory", "on_device", "private_pools", "te_global_memory"]
 
 _TE_BASE = "transformer_engine.pytorch.module.base"
 _TE_GEMM = "transformer_engine.pytorch.cpp_extensions.gemm"
@@ -42,6 +43,13 @@ class DeviceMemory:
     outside_allocator: int | None
 
 
+def on_device(device_type: str | None) -> Callable[[Any], bool]:
+    """Whether a tensor is on the selected device type: None selects any device but the CPU."""
+    if device_type is None:
+        return lambda t: not t.is_cpu
+    return lambda t: bool(t.device.type == device_type)
+
+
 # --- TE's process-global memory -----------------------------------------------------------------
 
 
@@ -66,20 +74,12 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
     distributed = sys.modules.get(_TE_DISTRIBUTED)
     if base is None and gemm is None and distributed is None:
         return {}
-    if device_type is None:
-
-        def on_device(t: Any) -> bool:
-            return not t.is_cpu
-
-    else:
-
-        def on_device(t: Any) -> bool:
-            return bool(t.device.type == device_type)
+    selected = on_device(device_type)
 
     def size(values: Any) -> int:
         tensors: list[Any] = []
         sizes.inner_tensors(list(values), torch, tensors)
-        return sum(sizes.storages([t for t in tensors if t is not None and on_device(t)], torch).values())
+        return sum(sizes.storages([t for t in tensors if t is not None and selected(t)], torch).values())
 
     found: dict[str, int | None] = {}
     g = vars(base) if base is not None else {}
@@ -134,13 +134,8 @@ def device_memory(torch: Any) -> list[DeviceMemory]:
         cuda = getattr(torch, "cuda", None)
         if cuda is None or not cuda.is_initialized():
             return []
-        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
-        devices = []
-        for i in range(cuda.device_count()):
-            if has_context(i) if has_context is not None else cuda.memory_reserved(i) > 0:
-                devices.append(i)
         out = []
-        for i in devices:
+        for i in filter(torch._C._cuda_hasPrimaryContext, range(cuda.device_count())):  # torch 1.6 on
             allocated, reserved = int(cuda.memory_allocated(i)), int(cuda.memory_reserved(i))
             try:
                 free, total = (int(x) for x in cuda.mem_get_info(i))
