@@ -54,20 +54,9 @@ class Candidate:
         return f"{self.target}@{self.where}" if self.where else self.target
 
 
-def _text(node: ast.AST) -> str:
-    try:
-        return ast.unparse(node)
-    except Exception:  # pragma: no cover - unparse handles every node the parser makes
-        return ""
-
-
 def _call_name(call: ast.Call) -> str:
     func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    if isinstance(func, ast.Name):
-        return func.id
-    return ""
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
 def _is_cpu_move(value: ast.AST) -> bool:
@@ -108,7 +97,7 @@ def _delegated_move(name: str, call: ast.Call) -> bool:
 
 
 def _saver_pause(call: ast.Call) -> bool:
-    return _call_name(call) == "pause" and _SAVER_HINT in _text(call.func)
+    return _call_name(call) == "pause" and _SAVER_HINT in ast.unparse(call.func)
 
 
 class _Body:
@@ -137,23 +126,22 @@ class _Body:
             if isinstance(node, ast.Name):
                 self.names.add(node.id)
             elif isinstance(node, ast.Attribute):
-                self._attribute(node)
+                self.names.add(node.attr)
+                if isinstance(node.value, ast.Name) and node.value.id == "self":
+                    self.self_attrs.append(node.attr)
             elif isinstance(node, ast.Call):
                 self._call(node)
             elif isinstance(node, ast.Assign):
-                self._assign(node)
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and target.attr == "data" and _is_cpu_move(node.value):
+                        self.moves.append(f"{ast.unparse(target)} = ...cpu")
             stack.extend(reversed(list(ast.iter_child_nodes(node))))
-
-    def _attribute(self, node: ast.Attribute) -> None:
-        self.names.add(node.attr)
-        if isinstance(node.value, ast.Name) and node.value.id == "self":
-            self.self_attrs.append(node.attr)
 
     def _call(self, node: ast.Call) -> None:
         name = _call_name(node)
         self.called.add(name)
         if name == "offload_to_cpu" and isinstance(node.func, ast.Attribute):
-            receiver = _text(node.func.value)
+            receiver = ast.unparse(node.func.value)
             move_params = next((k.value for k in node.keywords if k.arg == "move_params"), None)
             moves_params = not (isinstance(move_params, ast.Constant) and not move_params.value)
             if "buffer" in receiver.lower() and moves_params:
@@ -170,11 +158,6 @@ class _Body:
             self.flushes.append("torch_memory_saver.pause()")
         if name in FLUSH_CALLS:
             self.flushes.append(f"{name}()")
-
-    def _assign(self, node: ast.Assign) -> None:
-        for target in node.targets:
-            if isinstance(target, ast.Attribute) and target.attr == "data" and _is_cpu_move(node.value):
-                self.moves.append(f"{_text(target)} = ...cpu")
 
 
 def _guess_where(func: ast.FunctionDef | ast.AsyncFunctionDef, body: _Body, is_method: bool) -> str:
@@ -216,7 +199,7 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.As
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    static = any(_text(d) == "staticmethod" for d in item.decorator_list)
+                    static = any(ast.unparse(d) == "staticmethod" for d in item.decorator_list)
                     yield f"{node.name}.{item.name}", item, not static
 
 
@@ -260,11 +243,10 @@ def scan_source(source: str, module: str, filename: str) -> list[Candidate]:
 # --- where the source comes from ----------------------------------------------------------------
 
 
-def _module_name(root: Path, path: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts and parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+def _module_name(relative: Path) -> str | None:
+    """The module a .py file at `relative` (to its import root) is, None where no import names it."""
+    module = ".".join(relative.with_suffix("").parts).removesuffix(".__init__")
+    return module if all(p.isidentifier() for p in module.split(".")) else None
 
 
 def _package_root(path: Path) -> Path:
@@ -281,18 +263,14 @@ _SKIP_DIRS = frozenset({"__pycache__", "tests", "test", ".git", "node_modules"})
 def files_under(path: Path) -> Iterator[tuple[Path, str]]:
     """(file, module name) for every .py file under `path` (a folder on sys.path, a package, a file)."""
     path = path.resolve()
-    if path.is_file():
-        yield path, _module_name(_package_root(path), path)
-        return
     root = _package_root(path)
-    for folder, dirs, files in os.walk(path):
+    walked = os.walk(path) if path.is_dir() else [(path.parent, [], [path.name])]
+    for folder, dirs, files in walked:
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith((".dist-info", ".egg-info")))
         for name in sorted(files):
-            if name.endswith(".py"):
-                file = Path(folder, name)
-                module = _module_name(root, file)
-                if all(p.isidentifier() for p in module.split(".")):
-                    yield file, module
+            module = _module_name(Path(folder, name).relative_to(root))
+            if name.endswith(".py") and module is not None:
+                yield Path(folder, name), module
 
 
 def installed_files(skipped: list[str] | None = None) -> Iterator[tuple[Path, str]]:
@@ -321,12 +299,9 @@ def _record_files(dist: Any, seen: set[Path]) -> Iterator[tuple[Path, str]]:
         if parts[0] in ("tests", "test"):
             continue
         file = Path(str(dist.locate_file(item)))
-        if file in seen or not file.is_file():
-            continue
-        seen.add(file)
-        module = ".".join(item.with_suffix("").parts)
-        module = module.removesuffix(".__init__")
-        if all(p.isidentifier() for p in module.split(".")):
+        module = _module_name(Path(*parts))
+        if file not in seen and file.is_file() and module is not None:
+            seen.add(file)
             yield file, module
 
 
