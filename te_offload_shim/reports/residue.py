@@ -42,8 +42,8 @@ from te_offload_shim.te.walk import Names, walk
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
 TOP = 10
 # Megatron DDP's buffer lists (te/ddp_buffers.py) hold `_ParamAndGradBuffer`s whose `param_data` /
-# `grad_data` (and `shared_buffer`) are the allocations the parameters and `main_grad`s are views into.
-_DDP_BUFFER_MARKS = ("param_data", "grad_data")
+# `grad_data` (and `shared_buffer`) are the allocations the parameters and `main_grad`s are views into:
+# every tensor they hold counts under `ddp_buffers`.
 # Holders given a name of their own inside their category. megatron-core 0.17+ `_ParamAndGradBuffer`
 # keeps `extra_main_grads`: FP32 `main_grad` copies of the parameters matched by
 # `param_name_patterns_for_fp32_local_accumulation`, outside `grad_data`, which `offload_to_cpu`
@@ -227,13 +227,6 @@ def _plain_fields(value: Any) -> dict | None:
     return fields if type(fields) is dict else None
 
 
-def _sequence(value: Any) -> Any:
-    """The first `_MAX_ITEMS` items of a list or tuple (subclasses too) through the built-in
-    iterator: a subclass's own `__iter__` or `__getitem__` is never run."""
-    items = list.__iter__(value) if issubclass(type(value), list) else tuple.__iter__(value)
-    return islice(items, _MAX_ITEMS)
-
-
 class _Walk:
     """One pass: collect (category, holder, tensor) for tensors on the device, then claim storages
     in category order."""
@@ -304,9 +297,10 @@ class _Walk:
             value = d[name]
             if type(value) in _SCALARS:
                 continue
+            # megatron DDP's buffer lists: what their `_ParamAndGradBuffer`s hold is the buffer's
+            category = "ddp_buffers" if name in DDP_BUFFER_LISTS else "other"
             try:
-                if name not in DDP_BUFFER_LISTS or not self.ddp_buffers(node, name, value):
-                    self.other(node, name, name, value, 0)
+                self.other(node, name, name, value, 0, category)
             except Exception as exc:  # one odd attribute costs only itself
                 report.errors.append(_error(f"{_path(node)}.{name}", exc))
 
@@ -329,36 +323,14 @@ class _Walk:
     # never by an attribute of theirs: `isinstance` reads `__class__` when the type does not match,
     # and a lazily loaded module executes on any attribute read (a lazy proxy may raise instead).
 
-    def ddp_buffers(self, node: _Node, name: str, value: Any) -> bool:
-        if not issubclass(type(value), (list, tuple)) or not value:
-            return False
-        found = False
-        tensor = self.torch.Tensor
-        for i, buffer in enumerate(_sequence(value)):
-            if issubclass(type(buffer), _OPAQUE):
-                continue
-            fields = _plain_fields(buffer)
-            if fields is None or not any(m in fields for m in _DDP_BUFFER_MARKS):
-                continue
-            found = True
-            for field_name, item in fields.items():
-                label = f"{name}[{i}].{field_name}"
-                if issubclass(type(item), (list, tuple)):
-                    for part in _sequence(item):
-                        if issubclass(type(part), tensor):
-                            self.add("ddp_buffers", node, label, part)
-                elif issubclass(type(item), tensor):
-                    self.add("ddp_buffers", node, label, item)
-        return found
-
-    def other(self, node: _Node, label: str, key: str, value: Any, depth: int) -> None:
+    def other(self, node: _Node, label: str, key: str, value: Any, depth: int, category: str = "other") -> None:
         """Tensors a module keeps outside parameters and buffers, by attribute path (`key` leaves
-        out container positions, so `other` adds them up per attribute)."""
+        out container positions, so `other` adds them up per attribute), under `category`."""
         cls = type(value)
         if cls in _SCALARS:
             return
         if cls in self.plain or issubclass(cls, self.torch.Tensor):
-            self.add("other", node, label, value, key)
+            self.add(category, node, label, value, key)
             return
         if issubclass(cls, _OPAQUE) or issubclass(cls, self.module_type):
             return  # modules are walked through `_modules`; one merely referenced is not ours
@@ -368,25 +340,25 @@ class _Walk:
             if fields is None:
                 return  # reading it could run the application's code: left unread
             if sizes.has_storage_marks(fields):  # a TE quantized value outside the workspace dict
-                self.storage(node, label, key, fields, 0)
+                self.storage(node, label, key, fields, 0, category)
                 return
         if depth >= _MAX_DEPTH or id(value) in self.seen_objects:
             return
         self.seen_objects.add(id(value))
         if cls in (list, tuple):
-            for i, item in enumerate(_sequence(value)):
-                self.other(node, f"{label}[{i}]", key, item, depth + 1)
+            for i, item in enumerate(islice(value, _MAX_ITEMS)):  # exactly a list or tuple: no own __iter__
+                self.other(node, f"{label}[{i}]", key, item, depth + 1, category)
         elif fields is None:  # a dict, read through dict's own methods (never a subclass's)
             for i, (k, item) in enumerate(islice(dict.items(value), _MAX_ITEMS)):
                 if type(k) is str:
-                    self.other(node, f"{label}[{k}]", f"{key}.{k}", item, depth + 1)
+                    self.other(node, f"{label}[{k}]", f"{key}.{k}", item, depth + 1, category)
                 else:
-                    self.other(node, f"{label}[{i}]", key, item, depth + 1)
+                    self.other(node, f"{label}[{i}]", key, item, depth + 1, category)
         else:
             for k, item in list(fields.items())[:_MAX_ITEMS]:
-                self.other(node, f"{label}.{k}", f"{key}.{k}", item, depth + 1)
+                self.other(node, f"{label}.{k}", f"{key}.{k}", item, depth + 1, category)
 
-    def storage(self, node: _Node, label: str, key: str, fields: dict, depth: int) -> None:
+    def storage(self, node: _Node, label: str, key: str, fields: dict, depth: int, category: str) -> None:
         """The tensors of a TE storage found outside the workspace dict, from its instance fields
         (`sizes.INNER_ATTRS`) and nested storages: its class's attributes are never read."""
         tensor = self.torch.Tensor
@@ -395,11 +367,11 @@ class _Walk:
             if item is None:
                 continue
             if issubclass(type(item), tensor):
-                self.add("other", node, label, item, key)
+                self.add(category, node, label, item, key)
             elif depth < sizes.MAX_DEPTH and type(item) not in _SCALARS:
                 nested = _plain_fields(item)
                 if nested is not None and sizes.has_storage_marks(nested):
-                    self.storage(node, label, key, nested, depth + 1)
+                    self.storage(node, label, key, nested, depth + 1, category)
 
     # --- counting -----------------------------------------------------------------------------
 
@@ -429,7 +401,7 @@ class _Walk:
                     name = key or _label(attribute)
                     other[name] = other.get(name, 0) + size
                 elif own_names and type(attribute) is str:
-                    own = attribute.rpartition(".")[2]
+                    own = attribute.rpartition(".")[2].partition("[")[0]  # `extra_main_grads[3]`
                     if own in own_names:
                         named[own] = named.get(own, 0) + size
             report.by_category[category] = total
