@@ -59,21 +59,37 @@ def _call_name(call: ast.Call) -> str:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
+def _is(node: ast.AST, value: object) -> bool:
+    """Whether `node` is the literal `value`."""
+    return isinstance(node, ast.Constant) and node.value == value
+
+
+def _first_is(call: ast.Call, value: object) -> bool:
+    return bool(call.args) and _is(call.args[0], value)
+
+
+def _moves_params(call: ast.Call) -> bool:
+    """Not `move_params=False` (megatron-core's buffer offload then keeps the weights where they are)."""
+    return not any(k.arg == "move_params" and _is(k.value, False) for k in call.keywords)
+
+
 def _is_cpu_move(value: ast.AST) -> bool:
     """`....to("cpu", ...)`, `....to(device="cpu")`, `....cpu()`, `torch.empty(0, ...)` anywhere in `value`."""
     for node in ast.walk(value):
-        if not isinstance(node, ast.Call):
-            continue
-        name = _call_name(node)
-        if name == "cpu" and isinstance(node.func, ast.Attribute):
-            return True
-        if name == "to":
-            args = [*node.args, *(k.value for k in node.keywords if k.arg == "device")]
-            if any(isinstance(a, ast.Constant) and a.value == "cpu" for a in args):
+        if isinstance(node, ast.Call):
+            name, device = _call_name(node), [*node.args, *(k.value for k in node.keywords if k.arg == "device")]
+            if (name == "cpu" and isinstance(node.func, ast.Attribute)) or (name == "empty" and _first_is(node, 0)):
                 return True
-        if name == "empty" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0:
-            return True
+            if name == "to" and any(_is(a, "cpu") for a in device):
+                return True
     return False
+
+
+# Offload functions of the model's weights, by name: "offload" in it (or it starts with "move_model"),
+# one of _DELEGATE_OF too, none of _DELEGATE_NOT, and it does not end like the gradients' or the way back.
+_DELEGATE_OF = ("model", "module", "weight", "param")
+_DELEGATE_NOT = ("optimizer", "copy_param")
+_DELEGATE_NOT_END = ("grads", "grad_buffers", "_grad", "to_gpu")
 
 
 def _delegated_move(name: str, call: ast.Call) -> bool:
@@ -81,19 +97,13 @@ def _delegated_move(name: str, call: ast.Call) -> bool:
     `offload_megatron_no_grad_module(...)`, `self.move_model(m, "cpu")` (not optimizer or grads, not
     `move_params=False`)."""
     lower = name.lower()
-    if not ("offload" in lower or lower.startswith("move_model")) or "optimizer" in lower or "copy_param" in lower:
+    if not ("offload" in lower or lower.startswith("move_model")) or lower.endswith(_DELEGATE_NOT_END):
         return False
-    if lower.endswith(("grads", "grad_buffers", "_grad", "to_gpu")):
+    if any(w in lower for w in _DELEGATE_NOT) or not any(w in lower for w in _DELEGATE_OF):
         return False
-    if not any(word in lower for word in ("model", "module", "weight", "param")):
-        return False
-    for keyword in call.keywords:
-        if keyword.arg == "move_params" and isinstance(keyword.value, ast.Constant) and not keyword.value.value:
-            return False
     if lower.startswith("move_model"):  # a mover in both directions: only towards the CPU
-        values = [*call.args, *(k.value for k in call.keywords)]
-        return any(isinstance(v, ast.Constant) and v.value == "cpu" for v in values)
-    return True
+        return any(_is(v, "cpu") for v in [*call.args, *(k.value for k in call.keywords)])
+    return _moves_params(call)
 
 
 def _saver_pause(call: ast.Call) -> bool:
@@ -142,11 +152,9 @@ class _Body:
         self.called.add(name)
         if name == "offload_to_cpu" and isinstance(node.func, ast.Attribute):
             receiver = ast.unparse(node.func.value)
-            move_params = next((k.value for k in node.keywords if k.arg == "move_params"), None)
-            moves_params = not (isinstance(move_params, ast.Constant) and not move_params.value)
-            if "buffer" in receiver.lower() and moves_params:
+            if "buffer" in receiver.lower() and _moves_params(node):
                 self.moves.append(f"{receiver}.offload_to_cpu()")
-        elif name == "resize_" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0:
+        elif name == "resize_" and _first_is(node, 0):
             storage = node.func.value if isinstance(node.func, ast.Attribute) else None
             if isinstance(storage, ast.Call) and _call_name(storage) in ("storage", "untyped_storage"):
                 self.moves.append(f"{_call_name(storage)}().resize_(0)")
@@ -174,12 +182,7 @@ def _guess_where(func: ast.FunctionDef | ast.AsyncFunctionDef, body: _Body, is_m
 
 
 def _touches_cache(tree: ast.AST) -> bool:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == _CACHE_ATTR:
-            return True
-        if isinstance(node, ast.Constant) and node.value == _CACHE_ATTR:
-            return True
-    return False
+    return any(getattr(n, "attr", None) == _CACHE_ATTR or _is(n, _CACHE_ATTR) for n in ast.walk(tree))
 
 
 def _imports_megatron(tree: ast.Module) -> bool:
