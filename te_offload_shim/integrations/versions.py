@@ -70,14 +70,10 @@ def module_file(name: str) -> str | None:
         locations = [os.path.join(d, part) for d in locations if os.path.isdir(os.path.join(d, part))]
     last = rest[-1]
     suffixes = (".py", ".pyc", *EXTENSION_SUFFIXES)
-    for directory in locations:
-        package = os.path.join(directory, last, "__init__.py")
-        if os.path.isfile(package):
-            return package
-        for suffix in suffixes:
-            if os.path.isfile(os.path.join(directory, last + suffix)):
-                return os.path.join(directory, last + suffix)
-    return None
+    candidates = (
+        os.path.join(d, name) for d in locations for name in (f"{last}/__init__.py", *(last + s for s in suffixes))
+    )
+    return next((c for c in candidates if os.path.isfile(c)), None)
 
 
 def _normal(name: str) -> str:
@@ -92,10 +88,9 @@ def _holds(dist: metadata.PathDistribution, root: str, path: str) -> bool:
         if real.startswith(root + os.sep):
             relative = os.path.relpath(real, root).replace(os.sep, "/")
             record = _record(dist)
-            if record is not None:
-                if "\n" + relative + "," in record:
-                    return True
-            elif any(str(file) == relative for file in dist.files or ()):  # an .egg-info's list
+            if record is not None and "\n" + relative + "," in record:
+                return True
+            if record is None and any(str(file) == relative for file in dist.files or ()):  # an .egg-info's list
                 return True
         direct = dist.read_text("direct_url.json")
         if direct:
@@ -125,11 +120,11 @@ def _installs_under(dist: metadata.PathDistribution, top: str) -> bool:
 
 def holder(module: str, distribution: str | None) -> dict[str, Any]:
     """Which installed distribution holds `module`'s file (looked up by the file, not by name):
-    `{"file", "holder", "version", "namesakes", "dist"}`; `namesakes` are the installed distributions
+    `{"file", "holder", "version", "namesakes"}`; `namesakes` are the installed distributions
     named `distribution`, or named like the module's top-level package and installing files under
     it, that do not hold it, as "name version"."""
     path = module_file(module)
-    found: dict[str, Any] = {"file": path, "holder": None, "version": None, "namesakes": [], "dist": None}
+    found: dict[str, Any] = {"file": path, "holder": None, "version": None, "namesakes": []}
     top = module.split(".")[0]
     installed = _installed(tuple(sys.path))
     named = [i for i in installed if distribution and i[0] == _normal(distribution)]
@@ -142,8 +137,7 @@ def holder(module: str, distribution: str | None) -> dict[str, Any]:
         same_root.sort(key=lambda i: not _installs_under(i[2], top))  # the likely holders first
         held = next((i for i in named + like_top + same_root if _holds(i[2], i[1], path)), None)
         if held is not None:
-            dist = held[2]
-            found["holder"], found["version"], found["dist"] = dist.metadata["Name"], dist.version, dist
+            found["holder"], found["version"] = held[2].metadata["Name"], held[2].version
     # by identity, not name: ROLL's own setup.py and PyPI's unrelated package are both `roll`
     found["namesakes"] = [f"{i[2].metadata['Name']} {i[2].version}" for i in named + like_top if i is not held]
     return found
