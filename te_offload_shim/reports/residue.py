@@ -1,5 +1,6 @@
-"""What a model still holds on a device, by category, and what the process's allocator and the
-driver say: the report users otherwise assemble by hand from memory snapshots after an offload.
+"""What a model still holds on a device, by category, with TE's process-global memory and the
+CUDA-graph private pools: the report users otherwise assemble by hand from memory snapshots after
+an offload. The allocator's own totals (allocated, reserved, the driver's) are torch's to print.
 
 One walk over the model chunks (te/walk.py, the pass the clearing makes) reads instance dicts only
 (never `nn.Module.__getattr__`, never a property of a module), finds every tensor on the selected
@@ -25,13 +26,7 @@ from types import BuiltinFunctionType, FunctionType, GetSetDescriptorType, Metho
 from typing import Any
 
 from te_offload_shim._log import human_bytes
-from te_offload_shim.reports.process_memory import (
-    DeviceMemory,
-    device_memory,
-    on_device,
-    private_pools,
-    te_global_memory,
-)
+from te_offload_shim.reports.process_memory import on_device, private_pools, te_global_memory
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
@@ -96,10 +91,9 @@ class ResidueReport:
     bytes of holders with a name of their own inside their category (`NAMED`), where any hold bytes;
     `private_pools` the bytes reserved in CUDA-graph private pools and MemPools per device; `top` are the
     largest holders; `te_global` is TE's process-global memory (not in `total_bytes`, never
-    cleared by the shim; None where present but not sizeable from Python); `memory` the process
-    numbers now (empty until CUDA is initialised), `memory_before` those at the start of the offload
-    when the audit made the report; `caching_off` the TE layers that hold no FP8 weight cache because
-    caching is off by configuration (te/caching_off.py), by reason."""
+    cleared by the shim; None where present but not sizeable from Python); `caching_off` the TE
+    layers that hold no FP8 weight cache because caching is off by configuration
+    (te/caching_off.py), by reason."""
 
     device_type: str | None = None
     total_bytes: int = 0
@@ -109,17 +103,15 @@ class ResidueReport:
     named: dict[str, int] = field(default_factory=dict)
     top: list[Holder] = field(default_factory=list)
     te_global: dict[str, int | None] = field(default_factory=dict)
-    memory: list[DeviceMemory] = field(default_factory=list)
     private_pools: dict[str, int] = field(default_factory=dict)
-    memory_before: list[DeviceMemory] | None = None
     errors: list[str] = field(default_factory=list)
     caching_off: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)  # the holders and memory rows too, as plain dicts
+        return asdict(self)  # the holders too, as plain dicts
 
     def summary(self) -> str:
-        """One line: the residue by category, TE's global memory, the allocator and driver numbers."""
+        """One line: the residue by category, TE's global memory, the private pools."""
         parts = [f"{name} {human_bytes(n)}" for name, n in self.by_category.items() if n]
         if self.other:
             parts[-1] += f" ({_sizes(dict(islice(self.other.items(), 3)))})"
@@ -131,18 +123,8 @@ class ResidueReport:
             line += f"; FP8 weight caching off by configuration in {describe(self.caching_off)}"
         if self.te_global:
             line += f"; TE process-global: {_sizes(self.te_global)}"
-        before = {m.device: m for m in self.memory_before or ()}
-        for m in self.memory:
-            b = before.get(m.device)
-            line += f"; {m.device} allocated {_change(b, m, 'allocated')}, reserved {_change(b, m, 'reserved')} "
-            line += f"(reserved-unallocated {human_bytes(m.reserved_unallocated)})"
-            if m.driver_used is not None:
-                line += f", driver used {_change(b, m, 'driver_used')} free {human_bytes(m.driver_free)} of "
-                line += human_bytes(m.driver_total)
         if self.private_pools:
             line += f"; private pools (CUDA graphs, MemPools): {_sizes(self.private_pools)}"
-        if not self.memory:
-            line += "; CUDA not initialised: no allocator numbers"
         if self.errors:
             line += f"; {len(self.errors)} error(s): {self.errors[0]}"
         return line
@@ -153,15 +135,9 @@ def _sizes(found: dict[str, int] | dict[str, int | None]) -> str:
     return ", ".join(f"{k} {'present' if v is None else human_bytes(v)}" for k, v in found.items())
 
 
-def _change(before: DeviceMemory | None, now: DeviceMemory, field: str) -> str:
-    """`field` now, as "BEFORE -> NOW" where the audit took the numbers at the offload's start."""
-    after = human_bytes(getattr(now, field))
-    return after if before is None else f"{human_bytes(getattr(before, field))} -> {after}"
-
-
 def residue(models: object, *, device_type: str | None = None, top: int = TOP) -> ResidueReport:
     """Every tensor `models` (a module or a list of model chunks) still holds on a device, by
-    category, each storage counted once, with the process's allocator and driver numbers.
+    category, each storage counted once, with TE's process-global memory and the private pools.
 
     `device_type=None` counts tensors on any device that is not the CPU; `"cuda"`, `"cpu"`...
     count exactly that device type. Never raises: what went wrong is in `errors`."""
@@ -179,7 +155,6 @@ def residue(models: object, *, device_type: str | None = None, top: int = TOP) -
             step()
         except Exception as exc:  # a diagnostic must not fail the run it diagnoses
             report.errors.append(_error(what, exc))
-    report.memory = device_memory(torch)
     return report
 
 
