@@ -361,13 +361,8 @@ def discover(paths: list[str] | None = None, skipped: list[str] | None = None) -
 
 
 def as_json(candidates: list[Candidate]) -> list[dict[str, object]]:
-    rows = []
-    for c in candidates:
-        row = asdict(c)
-        row.pop("delegates_only")
-        row["spec"] = c.spec
-        rows.append(row)
-    return rows
+    """The candidates as `--json` prints them: every field but `delegates_only`, and the spec."""
+    return [{**{k: v for k, v in asdict(c).items() if k != "delegates_only"}, "spec": c.spec} for c in candidates]
 
 
 def print_text(candidates: list[Candidate], show_all: bool, out: TextIO | None = None) -> None:
