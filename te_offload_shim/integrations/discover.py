@@ -24,10 +24,11 @@ from __future__ import annotations
 import ast
 import os
 import sys
+import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 FLUSH_CALLS = frozenset({"empty_cache", "clear_memory", "gc_collect", "aggressive_empty_cache"})
 _SAVER_HINT = "memory_saver"
@@ -267,45 +268,15 @@ def files_under(path: Path) -> Iterator[tuple[Path, str]]:
     """(file, module name) for every .py file under `path` (a folder on sys.path, a package, a file)."""
     path = path.resolve()
     root = _package_root(path)
-    walked = os.walk(path) if path.is_dir() else [(path.parent, [], [path.name])]
+    walked: Iterable[tuple[str, list[str], list[str]]] = (
+        os.walk(path) if path.is_dir() else [(str(path.parent), [], [path.name])]
+    )
     for folder, dirs, files in walked:
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith((".dist-info", ".egg-info")))
         for name in sorted(files):
             module = _module_name(Path(folder, name).relative_to(root))
             if name.endswith(".py") and module is not None:
                 yield Path(folder, name), module
-
-
-def installed_files(skipped: list[str] | None = None) -> Iterator[tuple[Path, str]]:
-    """(file, module name) for the .py files of every installed distribution (its RECORD). A
-    distribution whose RECORD cannot be read (importlib raises on an empty line) costs only itself:
-    it goes into `skipped`, with why."""
-    from importlib import metadata
-
-    seen: set[Path] = set()
-    for dist in metadata.distributions():
-        try:
-            found = list(_record_files(dist, seen))
-        except Exception as exc:
-            if skipped is not None:
-                name = getattr(dist, "_path", None) or "a distribution"
-                skipped.append(f"{name}: {type(exc).__name__}: {exc}")
-            continue
-        yield from found
-
-
-def _record_files(dist: Any, seen: set[Path]) -> Iterator[tuple[Path, str]]:
-    for item in dist.files or ():
-        parts = item.parts
-        if not parts or item.suffix != ".py" or parts[0].endswith((".dist-info", ".egg-info")) or ".." in parts:
-            continue
-        if parts[0] in ("tests", "test"):
-            continue
-        file = Path(str(dist.locate_file(item)))
-        module = _module_name(Path(*parts))
-        if file not in seen and file.is_file() and module is not None:
-            seen.add(file)
-            yield file, module
 
 
 def scan(files: Iterable[tuple[Path, str]], skipped: list[str] | None = None) -> list[Candidate]:
@@ -347,14 +318,21 @@ def mark_covered(candidates: list[Candidate]) -> None:
             candidate.covered, candidate.covered_by = True, f"calls {', '.join(candidate.delegates)} (a table name)"
 
 
+def default_paths() -> list[str]:
+    """Where `discover` looks without PATH: the folders on sys.path (site-packages, PYTHONPATH,
+    editable checkouts), but the standard library's and the current directory."""
+    skip = {os.path.realpath(p) for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"), ".")}
+    return [p for p in sys.path if p and os.path.isdir(p) and os.path.realpath(p) not in skip]
+
+
 def discover(paths: list[str] | None = None, skipped: list[str] | None = None) -> list[Candidate]:
-    """Every candidate under `paths` (or in the installed distributions), covered ones marked; the
-    files that could not be scanned, with why, go into `skipped`."""
-    if paths:
-        files: Iterable[tuple[Path, str]] = (f for p in paths for f in files_under(Path(p)))
-    else:
-        files = installed_files(skipped)
-    candidates = scan(files, skipped)
+    """Every candidate under `paths` (or `default_paths()`), covered ones marked; the files that
+    could not be scanned, with why, go into `skipped`. A file under two of the paths is read once."""
+    files: dict[Path, str] = {}
+    for path in paths or default_paths():
+        for file, module in files_under(Path(path)):
+            files.setdefault(file, module)  # as an import finds it: the first folder on the path
+    candidates = scan(files.items(), skipped)
     mark_covered(candidates)
     candidates.sort(key=lambda c: (c.covered, c.target))
     return candidates
