@@ -251,7 +251,9 @@ class _Walk:
 
     def module(self, node: _Node, d: dict, report: ResidueReport) -> None:
         for name, p in (d.get("_parameters") or {}).items():
-            if p is not None:
+            if type(p) in self.plain and p.grad is None and not p.__dict__:
+                self.add("parameters", node, name, p)  # the common case: one call per parameter
+            elif p is not None:
                 self.parameter(node, name, p)
         for name, b in (d.get("_buffers") or {}).items():
             self.add("buffers", node, name, b)
