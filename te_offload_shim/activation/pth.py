@@ -8,17 +8,14 @@ library only; imported by the CLI, never at start-up.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import site
 import stat
 import sysconfig
 import tempfile
-
-TYPE_CHECKING = False
-
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 PTH_NAME = "te_offload_shim.pth"
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
@@ -111,10 +108,8 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
         os.replace(tmp, path)  # never a half-written line that site.py would run
     except OSError as exc:
         if tmp is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.remove(tmp)
-            except OSError:
-                pass
         raise SiteError(f"cannot write {path}: {exc.strerror or exc}") from None
     return ("enabled" if current is None else "updated"), path
 
@@ -146,7 +141,7 @@ def disable(site_dir: str | None = None) -> tuple[str, str]:
 
 def site_dirs() -> list[str]:
     """The directories whose .pth files this interpreter runs at start-up."""
-    dirs = list(getattr(site, "getsitepackages", list)())
+    dirs = site.getsitepackages()  # in every Python 3.10+ site.py (virtualenv < 20, whose own lacked it, predates 3.10)
     if site.ENABLE_USER_SITE:
         dirs.append(site.getusersitepackages())
     dirs.append(default_site())
@@ -204,29 +199,21 @@ def in_force(files: list[dict[str, Any]]) -> bool:
 # --- routes in force ----------------------------------------------------------------------------
 
 
-def _path_entries(value: str | None) -> list[str]:
-    return [os.path.abspath(p) for p in (value or "").split(os.pathsep) if p]
-
-
-def _our_ray_hook_ran() -> bool:
-    """Whether the setup hook `ray.init` gained from the shim ran in this process (a Ray worker)."""
-    from te_offload_shim.activation import ray_worker  # its flag only: importing it runs nothing
-
-    return ray_worker.hook_ran
-
-
 def routes(environ: Any = None) -> dict[str, Any]:
     """The activation routes in force for this interpreter and the processes it starts."""
+    from te_offload_shim.activation import ray_worker  # its flag only: importing it runs nothing
     from te_offload_shim.integrations import ray
 
     env = os.environ if environ is None else environ
     external = [m.strip() for m in env.get(VERL_EXTERNAL, "").split(",") if m.strip()]
     startup = env.get("PYTHONSTARTUP", "")
+    python_path = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {
         "pth": pth_files(),
-        "sitecustomize_bootstrap": os.path.abspath(BOOTSTRAP_DIR) in _path_entries(env.get("PYTHONPATH")),
+        "sitecustomize_bootstrap": os.path.abspath(BOOTSTRAP_DIR) in python_path,
         "verl_external_modules": "te_offload_shim" in external,
         "pythonstartup": bool(startup) and os.path.abspath(startup) == os.path.abspath(STARTUP_FILE),
-        "ray_worker_setup_hook": env.get(ray.HOOK_ENV_VAR) == ray.RAY_HOOK or _our_ray_hook_ran(),
+        "ray_worker_setup_hook": env.get(ray.HOOK_ENV_VAR) == ray.RAY_HOOK
+        or ray_worker.hook_ran,  # ran here: a Ray worker
         "ray_init_propagation": "when ray.init is called in a process where the shim is installed",
     }

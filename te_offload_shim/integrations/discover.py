@@ -24,10 +24,11 @@ from __future__ import annotations
 import ast
 import os
 import sys
+import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 FLUSH_CALLS = frozenset({"empty_cache", "clear_memory", "gc_collect", "aggressive_empty_cache"})
 _SAVER_HINT = "memory_saver"
@@ -54,37 +55,42 @@ class Candidate:
         return f"{self.target}@{self.where}" if self.where else self.target
 
 
-def _text(node: ast.AST) -> str:
-    try:
-        return ast.unparse(node)
-    except Exception:  # pragma: no cover - unparse handles every node the parser makes
-        return ""
-
-
 def _call_name(call: ast.Call) -> str:
     func = call.func
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    if isinstance(func, ast.Name):
-        return func.id
-    return ""
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def _is(node: ast.AST, value: object) -> bool:
+    """Whether `node` is the literal `value`."""
+    return isinstance(node, ast.Constant) and node.value == value
+
+
+def _first_is(call: ast.Call, value: object) -> bool:
+    return bool(call.args) and _is(call.args[0], value)
+
+
+def _moves_params(call: ast.Call) -> bool:
+    """Not `move_params=False` (megatron-core's buffer offload then keeps the weights where they are)."""
+    return not any(k.arg == "move_params" and _is(k.value, False) for k in call.keywords)
 
 
 def _is_cpu_move(value: ast.AST) -> bool:
     """`....to("cpu", ...)`, `....to(device="cpu")`, `....cpu()`, `torch.empty(0, ...)` anywhere in `value`."""
     for node in ast.walk(value):
-        if not isinstance(node, ast.Call):
-            continue
-        name = _call_name(node)
-        if name == "cpu" and isinstance(node.func, ast.Attribute):
-            return True
-        if name == "to":
-            args = [*node.args, *(k.value for k in node.keywords if k.arg == "device")]
-            if any(isinstance(a, ast.Constant) and a.value == "cpu" for a in args):
+        if isinstance(node, ast.Call):
+            name, device = _call_name(node), [*node.args, *(k.value for k in node.keywords if k.arg == "device")]
+            if (name == "cpu" and isinstance(node.func, ast.Attribute)) or (name == "empty" and _first_is(node, 0)):
                 return True
-        if name == "empty" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0:
-            return True
+            if name == "to" and any(_is(a, "cpu") for a in device):
+                return True
     return False
+
+
+# Offload functions of the model's weights, by name: "offload" in it (or it starts with "move_model"),
+# one of _DELEGATE_OF too, none of _DELEGATE_NOT, and it does not end like the gradients' or the way back.
+_DELEGATE_OF = ("model", "module", "weight", "param")
+_DELEGATE_NOT = ("optimizer", "copy_param")
+_DELEGATE_NOT_END = ("grads", "grad_buffers", "_grad", "to_gpu")
 
 
 def _delegated_move(name: str, call: ast.Call) -> bool:
@@ -92,23 +98,17 @@ def _delegated_move(name: str, call: ast.Call) -> bool:
     `offload_megatron_no_grad_module(...)`, `self.move_model(m, "cpu")` (not optimizer or grads, not
     `move_params=False`)."""
     lower = name.lower()
-    if not ("offload" in lower or lower.startswith("move_model")) or "optimizer" in lower or "copy_param" in lower:
+    if not ("offload" in lower or lower.startswith("move_model")) or lower.endswith(_DELEGATE_NOT_END):
         return False
-    if lower.endswith(("grads", "grad_buffers", "_grad", "to_gpu")):
+    if any(w in lower for w in _DELEGATE_NOT) or not any(w in lower for w in _DELEGATE_OF):
         return False
-    if not any(word in lower for word in ("model", "module", "weight", "param")):
-        return False
-    for keyword in call.keywords:
-        if keyword.arg == "move_params" and isinstance(keyword.value, ast.Constant) and not keyword.value.value:
-            return False
     if lower.startswith("move_model"):  # a mover in both directions: only towards the CPU
-        values = [*call.args, *(k.value for k in call.keywords)]
-        return any(isinstance(v, ast.Constant) and v.value == "cpu" for v in values)
-    return True
+        return any(_is(v, "cpu") for v in [*call.args, *(k.value for k in call.keywords)])
+    return _moves_params(call)
 
 
 def _saver_pause(call: ast.Call) -> bool:
-    return _call_name(call) == "pause" and _SAVER_HINT in _text(call.func)
+    return _call_name(call) == "pause" and _SAVER_HINT in ast.unparse(call.func)
 
 
 class _Body:
@@ -137,28 +137,25 @@ class _Body:
             if isinstance(node, ast.Name):
                 self.names.add(node.id)
             elif isinstance(node, ast.Attribute):
-                self._attribute(node)
+                self.names.add(node.attr)
+                if isinstance(node.value, ast.Name) and node.value.id == "self":
+                    self.self_attrs.append(node.attr)
             elif isinstance(node, ast.Call):
                 self._call(node)
             elif isinstance(node, ast.Assign):
-                self._assign(node)
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and target.attr == "data" and _is_cpu_move(node.value):
+                        self.moves.append(f"{ast.unparse(target)} = ...cpu")
             stack.extend(reversed(list(ast.iter_child_nodes(node))))
-
-    def _attribute(self, node: ast.Attribute) -> None:
-        self.names.add(node.attr)
-        if isinstance(node.value, ast.Name) and node.value.id == "self":
-            self.self_attrs.append(node.attr)
 
     def _call(self, node: ast.Call) -> None:
         name = _call_name(node)
         self.called.add(name)
         if name == "offload_to_cpu" and isinstance(node.func, ast.Attribute):
-            receiver = _text(node.func.value)
-            move_params = next((k.value for k in node.keywords if k.arg == "move_params"), None)
-            moves_params = not (isinstance(move_params, ast.Constant) and not move_params.value)
-            if "buffer" in receiver.lower() and moves_params:
+            receiver = ast.unparse(node.func.value)
+            if "buffer" in receiver.lower() and _moves_params(node):
                 self.moves.append(f"{receiver}.offload_to_cpu()")
-        elif name == "resize_" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == 0:
+        elif name == "resize_" and _first_is(node, 0):
             storage = node.func.value if isinstance(node.func, ast.Attribute) else None
             if isinstance(storage, ast.Call) and _call_name(storage) in ("storage", "untyped_storage"):
                 self.moves.append(f"{_call_name(storage)}().resize_(0)")
@@ -170,11 +167,6 @@ class _Body:
             self.flushes.append("torch_memory_saver.pause()")
         if name in FLUSH_CALLS:
             self.flushes.append(f"{name}()")
-
-    def _assign(self, node: ast.Assign) -> None:
-        for target in node.targets:
-            if isinstance(target, ast.Attribute) and target.attr == "data" and _is_cpu_move(node.value):
-                self.moves.append(f"{_text(target)} = ...cpu")
 
 
 def _guess_where(func: ast.FunctionDef | ast.AsyncFunctionDef, body: _Body, is_method: bool) -> str:
@@ -191,12 +183,7 @@ def _guess_where(func: ast.FunctionDef | ast.AsyncFunctionDef, body: _Body, is_m
 
 
 def _touches_cache(tree: ast.AST) -> bool:
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == _CACHE_ATTR:
-            return True
-        if isinstance(node, ast.Constant) and node.value == _CACHE_ATTR:
-            return True
-    return False
+    return any(getattr(n, "attr", None) == _CACHE_ATTR or _is(n, _CACHE_ATTR) for n in ast.walk(tree))
 
 
 def _imports_megatron(tree: ast.Module) -> bool:
@@ -216,7 +203,7 @@ def _functions(tree: ast.Module) -> Iterator[tuple[str, ast.FunctionDef | ast.As
         elif isinstance(node, ast.ClassDef):
             for item in node.body:
                 if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    static = any(_text(d) == "staticmethod" for d in item.decorator_list)
+                    static = any(ast.unparse(d) == "staticmethod" for d in item.decorator_list)
                     yield f"{node.name}.{item.name}", item, not static
 
 
@@ -260,11 +247,10 @@ def scan_source(source: str, module: str, filename: str) -> list[Candidate]:
 # --- where the source comes from ----------------------------------------------------------------
 
 
-def _module_name(root: Path, path: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts and parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+def _module_name(relative: Path) -> str | None:
+    """The module a .py file at `relative` (to its import root) is, None where no import names it."""
+    module = ".".join(relative.with_suffix("").parts).removesuffix(".__init__")
+    return module if all(p.isidentifier() for p in module.split(".")) else None
 
 
 def _package_root(path: Path) -> Path:
@@ -281,53 +267,16 @@ _SKIP_DIRS = frozenset({"__pycache__", "tests", "test", ".git", "node_modules"})
 def files_under(path: Path) -> Iterator[tuple[Path, str]]:
     """(file, module name) for every .py file under `path` (a folder on sys.path, a package, a file)."""
     path = path.resolve()
-    if path.is_file():
-        yield path, _module_name(_package_root(path), path)
-        return
     root = _package_root(path)
-    for folder, dirs, files in os.walk(path):
+    walked: Iterable[tuple[str, list[str], list[str]]] = (
+        os.walk(path) if path.is_dir() else [(str(path.parent), [], [path.name])]
+    )
+    for folder, dirs, files in walked:
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.endswith((".dist-info", ".egg-info")))
         for name in sorted(files):
-            if name.endswith(".py"):
-                file = Path(folder, name)
-                module = _module_name(root, file)
-                if all(p.isidentifier() for p in module.split(".")):
-                    yield file, module
-
-
-def installed_files(skipped: list[str] | None = None) -> Iterator[tuple[Path, str]]:
-    """(file, module name) for the .py files of every installed distribution (its RECORD). A
-    distribution whose RECORD cannot be read (importlib raises on an empty line) costs only itself:
-    it goes into `skipped`, with why."""
-    from importlib import metadata
-
-    seen: set[Path] = set()
-    for dist in metadata.distributions():
-        try:
-            found = list(_record_files(dist, seen))
-        except Exception as exc:
-            if skipped is not None:
-                name = getattr(dist, "_path", None) or "a distribution"
-                skipped.append(f"{name}: {type(exc).__name__}: {exc}")
-            continue
-        yield from found
-
-
-def _record_files(dist: Any, seen: set[Path]) -> Iterator[tuple[Path, str]]:
-    for item in dist.files or ():
-        parts = item.parts
-        if not parts or item.suffix != ".py" or parts[0].endswith((".dist-info", ".egg-info")) or ".." in parts:
-            continue
-        if parts[0] in ("tests", "test"):
-            continue
-        file = Path(str(dist.locate_file(item)))
-        if file in seen or not file.is_file():
-            continue
-        seen.add(file)
-        module = ".".join(item.with_suffix("").parts)
-        module = module.removesuffix(".__init__")
-        if all(p.isidentifier() for p in module.split(".")):
-            yield file, module
+            module = _module_name(Path(folder, name).relative_to(root))
+            if name.endswith(".py") and module is not None:
+                yield Path(folder, name), module
 
 
 def scan(files: Iterable[tuple[Path, str]], skipped: list[str] | None = None) -> list[Candidate]:
@@ -369,27 +318,29 @@ def mark_covered(candidates: list[Candidate]) -> None:
             candidate.covered, candidate.covered_by = True, f"calls {', '.join(candidate.delegates)} (a table name)"
 
 
+def default_paths() -> list[str]:
+    """Where `discover` looks without PATH: the folders on sys.path (site-packages, PYTHONPATH,
+    editable checkouts), but the standard library's and the current directory."""
+    skip = {os.path.realpath(p) for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"), ".")}
+    return [p for p in sys.path if p and os.path.isdir(p) and os.path.realpath(p) not in skip]
+
+
 def discover(paths: list[str] | None = None, skipped: list[str] | None = None) -> list[Candidate]:
-    """Every candidate under `paths` (or in the installed distributions), covered ones marked; the
-    files that could not be scanned, with why, go into `skipped`."""
-    if paths:
-        files: Iterable[tuple[Path, str]] = (f for p in paths for f in files_under(Path(p)))
-    else:
-        files = installed_files(skipped)
-    candidates = scan(files, skipped)
+    """Every candidate under `paths` (or `default_paths()`), covered ones marked; the files that
+    could not be scanned, with why, go into `skipped`. A file under two of the paths is read once."""
+    files: dict[Path, str] = {}
+    for path in paths or default_paths():
+        for file, module in files_under(Path(path)):
+            files.setdefault(file, module)  # as an import finds it: the first folder on the path
+    candidates = scan(files.items(), skipped)
     mark_covered(candidates)
     candidates.sort(key=lambda c: (c.covered, c.target))
     return candidates
 
 
 def as_json(candidates: list[Candidate]) -> list[dict[str, object]]:
-    rows = []
-    for c in candidates:
-        row = asdict(c)
-        row.pop("delegates_only")
-        row["spec"] = c.spec
-        rows.append(row)
-    return rows
+    """The candidates as `--json` prints them: every field but `delegates_only`, and the spec."""
+    return [{**{k: v for k, v in asdict(c).items() if k != "delegates_only"}, "spec": c.spec} for c in candidates]
 
 
 def print_text(candidates: list[Candidate], show_all: bool, out: TextIO | None = None) -> None:

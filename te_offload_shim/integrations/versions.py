@@ -25,7 +25,9 @@ import os
 import pathlib
 import platform
 import sys
+from collections.abc import Callable, Iterator
 from importlib import metadata, util
+from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -41,18 +43,12 @@ WRAPT_NEEDED = ">=1.14"  # as pyproject.toml's dependency
 def version(distribution: str) -> str | None:
     try:
         return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-    except Exception:  # a broken dist-info must not break status
+    except Exception:  # not installed (PackageNotFoundError), or a broken dist-info: status goes on
         return None
 
 
 def te_version() -> str | None:
-    for name in TE_NAMES:
-        found = version(name)
-        if found is not None:
-            return found
-    return None
+    return next(filter(None, map(version, TE_NAMES)), None)
 
 
 def module_file(name: str) -> str | None:
@@ -73,15 +69,11 @@ def module_file(name: str) -> str | None:
     for part in rest[:-1]:
         locations = [os.path.join(d, part) for d in locations if os.path.isdir(os.path.join(d, part))]
     last = rest[-1]
-    suffixes = (".py", ".pyc", *_extension_suffixes())
-    for directory in locations:
-        package = os.path.join(directory, last, "__init__.py")
-        if os.path.isfile(package):
-            return package
-        for suffix in suffixes:
-            if os.path.isfile(os.path.join(directory, last + suffix)):
-                return os.path.join(directory, last + suffix)
-    return None
+    suffixes = (".py", ".pyc", *EXTENSION_SUFFIXES)
+    candidates = (
+        os.path.join(d, name) for d in locations for name in (f"{last}/__init__.py", *(last + s for s in suffixes))
+    )
+    return next((c for c in candidates if os.path.isfile(c)), None)
 
 
 def _normal(name: str) -> str:
@@ -96,10 +88,9 @@ def _holds(dist: metadata.PathDistribution, root: str, path: str) -> bool:
         if real.startswith(root + os.sep):
             relative = os.path.relpath(real, root).replace(os.sep, "/")
             record = _record(dist)
-            if record is not None:
-                if "\n" + relative + "," in record:
-                    return True
-            elif any(str(file) == relative for file in dist.files or ()):  # an .egg-info's list
+            if record is not None and "\n" + relative + "," in record:
+                return True
+            if record is None and any(str(file) == relative for file in dist.files or ()):  # an .egg-info's list
                 return True
         direct = dist.read_text("direct_url.json")
         if direct:
@@ -129,11 +120,11 @@ def _installs_under(dist: metadata.PathDistribution, top: str) -> bool:
 
 def holder(module: str, distribution: str | None) -> dict[str, Any]:
     """Which installed distribution holds `module`'s file (looked up by the file, not by name):
-    `{"file", "holder", "version", "namesakes", "dist"}`; `namesakes` are the installed distributions
+    `{"file", "holder", "version", "namesakes"}`; `namesakes` are the installed distributions
     named `distribution`, or named like the module's top-level package and installing files under
     it, that do not hold it, as "name version"."""
     path = module_file(module)
-    found: dict[str, Any] = {"file": path, "holder": None, "version": None, "namesakes": [], "dist": None}
+    found: dict[str, Any] = {"file": path, "holder": None, "version": None, "namesakes": []}
     top = module.split(".")[0]
     installed = _installed(tuple(sys.path))
     named = [i for i in installed if distribution and i[0] == _normal(distribution)]
@@ -146,8 +137,7 @@ def holder(module: str, distribution: str | None) -> dict[str, Any]:
         same_root.sort(key=lambda i: not _installs_under(i[2], top))  # the likely holders first
         held = next((i for i in named + like_top + same_root if _holds(i[2], i[1], path)), None)
         if held is not None:
-            dist = held[2]
-            found["holder"], found["version"], found["dist"] = dist.metadata["Name"], dist.version, dist
+            found["holder"], found["version"] = held[2].metadata["Name"], held[2].version
     # by identity, not name: ROLL's own setup.py and PyPI's unrelated package are both `roll`
     found["namesakes"] = [f"{i[2].metadata['Name']} {i[2].version}" for i in named + like_top if i is not held]
     return found
@@ -172,42 +162,23 @@ def _installed(path: tuple[str, ...]) -> list[tuple[str, str, metadata.PathDistr
     return found
 
 
-def _extension_suffixes() -> list[str]:
-    from importlib.machinery import EXTENSION_SUFFIXES
-
-    return list(EXTENSION_SUFFIXES)
-
-
-def _packaging() -> Any:
-    """packaging's `specifiers` and `version` modules, or None where it is not installed (status
-    then says the releases cannot be matched; it never fails for it)."""
-    try:
-        from packaging import specifiers, version
-    except ImportError:
-        return None
-    return specifiers, version
-
-
-NO_PACKAGING = "packaging is not installed: releases not matched"
-
-
 def declaration_problems(target: Target) -> list[str]:
     """What is malformed in a target's release declaration (targets.py); [] when it is sound."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
     problems = []
-    parsers = _packaging()
-    if parsers is not None:
-        specifiers, version = parsers
-        if target.supported is not None:
-            try:
-                if not specifiers.SpecifierSet(target.supported):
-                    problems.append(f"{target.name}: supported: {target.supported!r} matches every release (say None)")
-            except specifiers.InvalidSpecifier as exc:
-                problems.append(f"{target.name}: supported: bad specifier: {exc}")
-        if target.fixed_in is not None:
-            try:
-                version.Version(target.fixed_in)
-            except version.InvalidVersion as exc:
-                problems.append(f"{target.name}: fixed_in: {exc}")
+    if target.supported is not None:
+        try:
+            if not SpecifierSet(target.supported):
+                problems.append(f"{target.name}: supported: {target.supported!r} matches every release (say None)")
+        except InvalidSpecifier as exc:
+            problems.append(f"{target.name}: supported: bad specifier: {exc}")
+    if target.fixed_in is not None:
+        try:
+            Version(target.fixed_in)
+        except InvalidVersion as exc:
+            problems.append(f"{target.name}: fixed_in: {exc}")
     if (target.supported is not None or target.fixed_in is not None) and not target.distribution:
         problems.append(f"{target.name}: releases are declared without the distribution they are of")
     if (target.fixed_in is None) != (target.fixed_marker is None):
@@ -219,24 +190,26 @@ def declaration_problems(target: Target) -> list[str]:
     return problems
 
 
-def _release(target: Target, dist_version: str | None, held: dict[str, Any] | None) -> tuple[Any, str]:
-    """The installed release as a packaging Version, or (None, why it cannot be told)."""
+def _own(held: dict[str, Any], distribution: str | None) -> bool:
+    """Whether the distribution holding the module is the entry's own (a fork's version is not the framework's)."""
+    return held["holder"] is not None and _normal(held["holder"]) == _normal(distribution or "")
+
+
+def _match(
+    target: Target, dist_version: str | None, held: dict[str, Any] | None, match: Callable[[Any], bool]
+) -> tuple[bool | None, str]:
+    """`match` of the installed release (a packaging Version), or (None, why it cannot be told)."""
     if held is not None and held["file"] is not None and held["holder"] is None:
         return None, no_holder_reason(target, held)
-    if (
-        held is not None
-        and held["holder"] is not None
-        and _normal(held["holder"]) != _normal(target.distribution or "")
-    ):
+    if held is not None and held["holder"] is not None and not _own(held, target.distribution):
         return None, f"{target.module} is held by {held['holder']} {held['version']}, not by {target.distribution}"
     if dist_version is None:
         return None, f"{target.distribution} version unknown"
-    parsers = _packaging()
-    if parsers is None:
-        return None, NO_PACKAGING
+    from packaging.version import Version
+
     try:
-        return parsers[1].Version(dist_version), ""
-    except parsers[1].InvalidVersion as exc:
+        return match(Version(dist_version)), ""
+    except ValueError as exc:  # InvalidVersion and InvalidSpecifier are ValueErrors
         return None, str(exc)
 
 
@@ -253,14 +226,13 @@ def fixed_upstream(
     """(fixed?, how we know) from the declared `fixed_in`, without importing the target."""
     if target.fixed_in is None:
         return False, "no release is declared to clear the caches itself"
-    found, why = _release(target, dist_version, held)
-    if found is None:
+    from packaging.version import Version
+
+    fixed_in = target.fixed_in
+    fixed, why = _match(target, dist_version, held, lambda found: found >= Version(fixed_in))
+    if fixed is None:
         return None, why
-    try:
-        fixed = found >= _packaging()[1].Version(target.fixed_in)
-    except ValueError as exc:  # InvalidVersion is a ValueError
-        return None, str(exc)
-    return fixed, f"{target.distribution} {dist_version} {'>=' if fixed else '<'} {target.fixed_in} (by version)"
+    return fixed, f"{target.distribution} {dist_version} {'>=' if fixed else '<'} {fixed_in} (by version)"
 
 
 def in_supported(
@@ -270,44 +242,45 @@ def in_supported(
     local build counts as the release it is (pip's `prereleases=True` for what is already there)."""
     if target.supported is None:
         return None, target.note or "no supported releases declared"
-    found, why = _release(target, dist_version, held)
-    if found is None:
+    from packaging.specifiers import SpecifierSet
+
+    supported = target.supported
+    inside, why = _match(target, dist_version, held, lambda found: SpecifierSet(supported).contains(found, True))
+    if inside is None:
         return None, why
-    try:
-        inside = _packaging()[0].SpecifierSet(target.supported).contains(found, prereleases=True)
-    except ValueError as exc:  # InvalidSpecifier is a ValueError
-        return None, str(exc)
-    return inside, f"{target.distribution} {dist_version} {'in' if inside else 'not in'} {target.supported}"
+    return inside, f"{target.distribution} {dist_version} {'in' if inside else 'not in'} {supported}"
+
+
+def _frameworks() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(distribution, `holder()` of its watched module) for each entry of a framework outside CORE."""
+    from te_offload_shim.integrations.targets import BUILTIN
+
+    for target in BUILTIN:
+        if target.distribution and target.distribution not in CORE:
+            yield target.distribution, holder(target.module, target.distribution)
 
 
 def versions() -> dict[str, str | None]:
     """Python and the packages an operator asks about, frameworks included: a framework's version
     is that of the distribution holding its modules (None when an installed one of its name holds
     none of them: `namesakes()` says which)."""
-    from te_offload_shim.integrations.targets import BUILTIN
-
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in CORE:
         found[name] = te_version() if name == "transformer-engine" else version(name)
-    for target in BUILTIN:
-        if target.distribution and target.distribution not in CORE:
-            held = holder(target.module, target.distribution)
-            if held["holder"] is not None and _normal(held["holder"]) == _normal(target.distribution):
-                found[target.distribution] = held["version"]
-            else:
-                found.setdefault(target.distribution, None)
+    for distribution, held in _frameworks():
+        if _own(held, distribution):
+            found[distribution] = held["version"]
+        else:
+            found.setdefault(distribution, None)
     return found
 
 
 def namesakes() -> dict[str, list[str]]:
     """Installed distributions named for a framework that hold none of its watched modules, by
     that name: `{"roll": ["roll 0.13.4"]}` for PyPI's unrelated `roll`."""
-    from te_offload_shim.integrations.targets import BUILTIN
-
     by_name: dict[str, list[dict[str, Any]]] = {}
-    for target in BUILTIN:
-        if target.distribution and target.distribution not in CORE:
-            by_name.setdefault(target.distribution, []).append(holder(target.module, target.distribution))
+    for distribution, held in _frameworks():
+        by_name.setdefault(distribution, []).append(held)
     out = {}
     for name, helds in by_name.items():
         holding = {h["holder"] + " " + h["version"] for h in helds if h["holder"] is not None}
@@ -318,11 +291,10 @@ def namesakes() -> dict[str, list[str]]:
 
 
 def wrapt_ok(found: str | None) -> bool:
-    parsers = _packaging()
-    if found is None or parsers is None:
-        return found is not None  # without packaging: present is all status can tell
+    from packaging.specifiers import SpecifierSet
+
     try:
-        return bool(parsers[0].SpecifierSet(WRAPT_NEEDED).contains(found))
+        return found is not None and SpecifierSet(WRAPT_NEEDED).contains(found)
     except ValueError:  # an unreadable version: say so rather than guess
         return False
 
@@ -331,9 +303,7 @@ def target_row(target: Target, enabled: bool) -> dict[str, Any]:
     """What we can tell about one target without importing it."""
     held = holder(target.module, target.distribution)
     present = held["file"] is not None
-    # only the entry's own distribution's version is the framework's (a fork's is not)
-    own = held["holder"] is not None and _normal(held["holder"]) == _normal(target.distribution or "")
-    dist_version = held["version"] if own else None
+    dist_version = held["version"] if _own(held, target.distribution) else None
     if not target.distribution:
         basis = "a TE_OFFLOAD_SHIM_TARGETS entry names no distribution"
     elif not present:

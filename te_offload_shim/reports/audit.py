@@ -10,7 +10,6 @@ diagnostic that can break the run it diagnoses would not be switched on.
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from typing import Any, Protocol
 
@@ -47,15 +46,14 @@ def reset() -> None:
 
 
 class Pending:
-    """An offload under audit: its chunks and the process numbers from before it ran."""
+    """An offload under audit: its chunks and when it started."""
 
-    __slots__ = ("before", "device_type", "models", "started", "target")
+    __slots__ = ("device_type", "models", "started", "target")
 
-    def __init__(self, target: Target, models: Any, device_type: str | None, before: list[Any]) -> None:
+    def __init__(self, target: Target, models: Any, device_type: str | None) -> None:
         self.target = target
         self.models = models
         self.device_type = device_type
-        self.before = before
         self.started = time.perf_counter()
 
     def finish(self) -> None:
@@ -69,13 +67,9 @@ class Pending:
 
 
 def begin(target: Target, models: Any) -> Pending | None:
-    """Start auditing one offload of `models`: the process numbers now. Never raises."""
+    """Start auditing one offload of `models`. Never raises."""
     try:
-        from te_offload_shim.reports.process_memory import device_memory
-
-        torch = sys.modules.get("torch")
-        before = device_memory(torch) if torch is not None else []
-        return Pending(target, models, _switches.audit_device_type(), before)
+        return Pending(target, models, _switches.audit_device_type())
     except Exception as exc:
         fail("begin", exc)
         return None
@@ -86,7 +80,6 @@ def _finish(pending: Pending) -> None:
     from te_offload_shim.reports import residue
 
     report = residue.residue(pending.models, device_type=pending.device_type)
-    report.memory_before = pending.before
     seconds = time.perf_counter() - pending.started
     with _lock:
         _audits += 1

@@ -1,45 +1,31 @@
-"""What a process holds on its devices outside any model: the allocator's and the driver's numbers
-per CUDA device, and Transformer Engine's process-global allocations. Read only: never initialises
-CUDA, never creates a context on a device, never calls or clears anything of TE's. Torch is taken
-from the caller, never imported.
+"""What a process holds on its devices outside any model: Transformer Engine's process-global
+allocations, and (te/graphs.py) the CUDA-graph private pools. Read only: never initialises CUDA,
+never creates a context on a device, never calls or clears anything of TE's. Torch is taken from
+the caller, never imported. The allocator's and the driver's own numbers (allocated, reserved,
+`mem_get_info`) are torch's to print: docs/residue.md says which call gives which.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from te_offload_shim.te import sizes
 from te_offload_shim.te.graphs import private_pools
 
-__all__ = ["DeviceMemory", "device_memory", "private_pools", "te_global_memory"]
+__all__ = ["on_device", "private_pools", "te_global_memory"]
 
 _TE_BASE = "transformer_engine.pytorch.module.base"
 _TE_GEMM = "transformer_engine.pytorch.cpp_extensions.gemm"
 _TE_DISTRIBUTED = "transformer_engine.pytorch.distributed"
 
 
-@dataclass
-class DeviceMemory:
-    """One CUDA device as this process's allocator and the driver see it.
-
-    `allocated`: bytes in live tensors of this process (PyTorch's caching allocator).
-    `reserved`: what the allocator holds from the driver, allocated or cached for reuse.
-    `reserved_unallocated`: reserved - allocated, cached blocks nobody else can use until
-    `torch.cuda.empty_cache()`, and only whole free segments are returned then (fragmentation).
-    `driver_used` / `driver_free` / `driver_total`: `torch.cuda.mem_get_info`, the whole device:
-    every process on it, CUDA contexts, NCCL, memory allocated outside PyTorch's allocator.
-    `outside_allocator`: driver_used - reserved, what this allocator cannot account for."""
-
-    device: str
-    allocated: int
-    reserved: int
-    reserved_unallocated: int
-    driver_used: int | None
-    driver_free: int | None
-    driver_total: int | None
-    outside_allocator: int | None
+def on_device(device_type: str | None) -> Callable[[Any], bool]:
+    """Whether a tensor is on the selected device type: None selects any device but the CPU."""
+    if device_type is None:
+        return lambda t: not t.is_cpu
+    return lambda t: bool(t.device.type == device_type)
 
 
 # --- TE's process-global memory -----------------------------------------------------------------
@@ -55,7 +41,7 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
       `cpp_extensions/gemm.py:get_cublas_workspace`, read (not called) through the cache's own
       dict. Small (32 MiB each on Hopper); a captured CUDA graph holds their addresses.
     * userbuffers (`_ub_communicators`): allocated by TE's C++ outside PyTorch's allocator, so their
-      bytes are not visible here: reported as present (None), seen only in `driver_used`.
+      bytes are not visible here: reported as present (None), seen only in the driver's numbers.
     * `symmetric_mem_cache` (distributed.py, in the wheels from 2.4): the symmetric-memory buffers of
       TE's all-reduce, one per (numel, dtype, device, group, tag), never freed by TE.
     * `symm_mem_pool` (`_SYMM_MEM_POOL`, distributed.py 2.18+): the process-wide symmetric-memory
@@ -66,20 +52,12 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
     distributed = sys.modules.get(_TE_DISTRIBUTED)
     if base is None and gemm is None and distributed is None:
         return {}
-    if device_type is None:
-
-        def on_device(t: Any) -> bool:
-            return not t.is_cpu
-
-    else:
-
-        def on_device(t: Any) -> bool:
-            return bool(t.device.type == device_type)
+    selected = on_device(device_type)
 
     def size(values: Any) -> int:
         tensors: list[Any] = []
         sizes.inner_tensors(list(values), torch, tensors)
-        return sum(sizes.storages([t for t in tensors if t is not None and on_device(t)], torch).values())
+        return sum(sizes.storages([t for t in tensors if t is not None and selected(t)], torch).values())
 
     found: dict[str, int | None] = {}
     g = vars(base) if base is not None else {}
@@ -122,43 +100,3 @@ def _lru_cache_values(function: Any) -> list[Any] | None:
         if type(referent) is dict and referent is not own:
             return list(referent.values())
     return None
-
-
-# --- the process's numbers ----------------------------------------------------------------------
-
-
-def device_memory(torch: Any) -> list[DeviceMemory]:
-    """Allocator and driver numbers for every CUDA device this process has a context on; empty
-    while CUDA is not initialised. Never initialises CUDA nor creates a context on a device."""
-    try:
-        cuda = getattr(torch, "cuda", None)
-        if cuda is None or not cuda.is_initialized():
-            return []
-        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
-        devices = []
-        for i in range(cuda.device_count()):
-            if has_context(i) if has_context is not None else cuda.memory_reserved(i) > 0:
-                devices.append(i)
-        out = []
-        for i in devices:
-            allocated, reserved = int(cuda.memory_allocated(i)), int(cuda.memory_reserved(i))
-            try:
-                free, total = (int(x) for x in cuda.mem_get_info(i))
-                used: int | None = total - free
-            except Exception:
-                free = total = used = None  # type: ignore[assignment]
-            out.append(
-                DeviceMemory(
-                    device=f"cuda:{i}",
-                    allocated=allocated,
-                    reserved=reserved,
-                    reserved_unallocated=reserved - allocated,
-                    driver_used=used,
-                    driver_free=free,
-                    driver_total=total,
-                    outside_allocator=None if used is None else used - reserved,
-                )
-            )
-        return out
-    except Exception:  # numbers are a bonus; their absence must not fail the report
-        return []

@@ -1,5 +1,6 @@
-"""What a model still holds on a device, by category, and what the process's allocator and the
-driver say: the report users otherwise assemble by hand from memory snapshots after an offload.
+"""What a model still holds on a device, by category, with TE's process-global memory and the
+CUDA-graph private pools: the report users otherwise assemble by hand from memory snapshots after
+an offload. The allocator's own totals (allocated, reserved, the driver's) are torch's to print.
 
 One walk over the model chunks (te/walk.py, the pass the clearing makes) reads instance dicts only
 (never `nn.Module.__getattr__`, never a property of a module), finds every tensor on the selected
@@ -25,7 +26,7 @@ from types import BuiltinFunctionType, FunctionType, GetSetDescriptorType, Metho
 from typing import Any
 
 from te_offload_shim._log import human_bytes
-from te_offload_shim.reports.process_memory import DeviceMemory, device_memory, private_pools, te_global_memory
+from te_offload_shim.reports.process_memory import on_device, private_pools, te_global_memory
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
@@ -37,9 +38,8 @@ TOP = 10
 # Megatron DDP's buffer lists (the same as integrations/megatron.py's `DDP_BUFFER_LISTS`, which this report,
 # below integrations/, cannot import; tests/reports/test_residue.py keeps the two equal) hold
 # `_ParamAndGradBuffer`s whose `param_data` / `grad_data` (and `shared_buffer`) are the allocations
-# the parameters and `main_grad`s are views into.
+# the parameters and `main_grad`s are views into: every tensor they hold counts under `ddp_buffers`.
 DDP_BUFFER_LISTS = ("buffers", "expert_parallel_buffers")
-_DDP_BUFFER_MARKS = ("param_data", "grad_data")
 # Holders given a name of their own inside their category. megatron-core 0.17+ `_ParamAndGradBuffer`
 # keeps `extra_main_grads`: FP32 `main_grad` copies of the parameters matched by
 # `param_name_patterns_for_fp32_local_accumulation`, outside `grad_data`, which `offload_to_cpu`
@@ -92,10 +92,9 @@ class ResidueReport:
     bytes of holders with a name of their own inside their category (`NAMED`), where any hold bytes;
     `private_pools` the bytes reserved in CUDA-graph private pools and MemPools per device; `top` are the
     largest holders; `te_global` is TE's process-global memory (not in `total_bytes`, never
-    cleared by the shim; None where present but not sizeable from Python); `memory` the process
-    numbers now (empty until CUDA is initialised), `memory_before` those at the start of the offload
-    when the audit made the report; `caching_off` the TE layers that hold no FP8 weight cache because
-    caching is off by configuration (te/caching_off.py), by reason."""
+    cleared by the shim; None where present but not sizeable from Python); `caching_off` the TE
+    layers that hold no FP8 weight cache because caching is off by configuration
+    (te/caching_off.py), by reason."""
 
     device_type: str | None = None
     total_bytes: int = 0
@@ -105,88 +104,63 @@ class ResidueReport:
     named: dict[str, int] = field(default_factory=dict)
     top: list[Holder] = field(default_factory=list)
     te_global: dict[str, int | None] = field(default_factory=dict)
-    memory: list[DeviceMemory] = field(default_factory=list)
     private_pools: dict[str, int] = field(default_factory=dict)
-    memory_before: list[DeviceMemory] | None = None
     errors: list[str] = field(default_factory=list)
     caching_off: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)  # the holders and memory rows too, as plain dicts
+        return asdict(self)  # the holders too, as plain dicts
 
     def summary(self) -> str:
-        """One line: the residue by category, TE's global memory, the allocator and driver numbers."""
+        """One line: the residue by category, TE's global memory, the private pools."""
         parts = [f"{name} {human_bytes(n)}" for name, n in self.by_category.items() if n]
         if self.other:
-            largest = ", ".join(f"{k} {human_bytes(v)}" for k, v in list(self.other.items())[:3])
-            parts[-1] += f" ({largest})"
+            parts[-1] += f" ({_sizes(dict(islice(self.other.items(), 3)))})"
         where = self.device_type or "device"
         line = f"left on {where}: {human_bytes(self.total_bytes)}" + (f" ({', '.join(parts)})" if parts else "")
         if self.named:
-            line += "; of which " + ", ".join(f"{k} {human_bytes(v)}" for k, v in self.named.items())
+            line += f"; of which {_sizes(self.named)}"
         if self.caching_off:
             line += f"; FP8 weight caching off by configuration in {describe(self.caching_off)}"
         if self.te_global:
-            te = ", ".join(f"{k} {human_bytes(v) if v is not None else 'present'}" for k, v in self.te_global.items())
-            line += f"; TE process-global: {te}"
-        before = {m.device: m for m in self.memory_before or ()}
-        for m in self.memory:
-            b = before.get(m.device)
-            line += (
-                f"; {m.device} allocated {_change(None if b is None else b.allocated, m.allocated)}, "
-                f"reserved {_change(None if b is None else b.reserved, m.reserved)} "
-                f"(reserved-unallocated {human_bytes(m.reserved_unallocated)})"
-            )
-            if m.driver_used is not None:
-                line += (
-                    f", driver used {_change(None if b is None else b.driver_used, m.driver_used)} "
-                    f"free {human_bytes(m.driver_free)} of {human_bytes(m.driver_total)}"
-                )
+            line += f"; TE process-global: {_sizes(self.te_global)}"
         if self.private_pools:
-            pools = ", ".join(f"{d} {human_bytes(n)}" for d, n in self.private_pools.items())
-            line += f"; private pools (CUDA graphs, MemPools): {pools}"
-        if not self.memory:
-            line += "; CUDA not initialised: no allocator numbers"
+            line += f"; private pools (CUDA graphs, MemPools): {_sizes(self.private_pools)}"
         if self.errors:
             line += f"; {len(self.errors)} error(s): {self.errors[0]}"
         return line
 
 
-def _change(before: int | None, after: int) -> str:
-    return human_bytes(after) if before is None else f"{human_bytes(before)} -> {human_bytes(after)}"
-
-
-def _torch() -> Any:
-    return sys.modules.get("torch")
+def _sizes(found: dict[str, int] | dict[str, int | None]) -> str:
+    """`name BYTES, ...`; a size that cannot be read (None) as `present`."""
+    return ", ".join(f"{k} {'present' if v is None else human_bytes(v)}" for k, v in found.items())
 
 
 def residue(models: object, *, device_type: str | None = None, top: int = TOP) -> ResidueReport:
     """Every tensor `models` (a module or a list of model chunks) still holds on a device, by
-    category, each storage counted once, with the process's allocator and driver numbers.
+    category, each storage counted once, with TE's process-global memory and the private pools.
 
     `device_type=None` counts tensors on any device that is not the CPU; `"cuda"`, `"cpu"`...
     count exactly that device type. Never raises: what went wrong is in `errors`."""
     report = ResidueReport(device_type=device_type)
-    torch = _torch()
+    torch = sys.modules.get("torch")
     if torch is None:
         return report
-    try:
-        chunks, refused = as_chunks(models)  # never iterates what the offload will iterate
-        if refused is not None:
-            report.errors.append(f"models not inspected: {refused}")
-        _Walk(torch, device_type).run(chunks, report, top)
-    except Exception as exc:  # a diagnostic must not fail the run it diagnoses
-        report.errors.append(f"walk: {type(exc).__name__}: {exc}")
-    try:
-        report.te_global = te_global_memory(torch, device_type)
-    except Exception as exc:
-        report.errors.append(f"TE global: {type(exc).__name__}: {exc}")
-    report.memory = device_memory(torch)
-    try:
-        report.private_pools = private_pools(torch)
-    except Exception as exc:
-        report.errors.append(f"private pools: {type(exc).__name__}: {exc}")
+    steps = (
+        ("walk", lambda: _Walk(torch, device_type).run(models, report, top)),
+        ("TE global", lambda: setattr(report, "te_global", te_global_memory(torch, device_type))),
+        ("private pools", lambda: setattr(report, "private_pools", private_pools(torch))),
+    )
+    for what, step in steps:
+        try:
+            step()
+        except Exception as exc:  # a diagnostic must not fail the run it diagnoses
+            report.errors.append(_error(what, exc))
     return report
+
+
+def _error(where: str, exc: BaseException) -> str:
+    return f"{where}: {type(exc).__name__}: {exc}"
 
 
 # A module of the tree: (its chunk's names, the module). Paths are worked out only for the reported
@@ -229,13 +203,6 @@ def _plain_fields(value: Any) -> dict | None:
     return fields if type(fields) is dict else None
 
 
-def _sequence(value: Any) -> Any:
-    """The first `_MAX_ITEMS` items of a list or tuple (subclasses too) through the built-in
-    iterator: a subclass's own `__iter__` or `__getitem__` is never run."""
-    items = list.__iter__(value) if issubclass(type(value), list) else tuple.__iter__(value)
-    return islice(items, _MAX_ITEMS)
-
-
 class _Walk:
     """One pass: collect (category, holder, tensor) for tensors on the device, then claim storages
     in category order."""
@@ -246,19 +213,8 @@ class _Walk:
         self.module_type = torch.nn.Module
         self.found: dict[str, list[tuple[_Node, Any, str, Any]]] = {c: [] for c in CATEGORIES}
         self.seen_objects: set[int] = set()
-        self.internal = frozenset(torch.nn.Module().__dict__) | {
-            WORKSPACES,
-            LEGACY_MARKER,
-            *LEGACY_ATTRS,
-        }
-        if device_type is None:
-            self.on_device = lambda t: not t.is_cpu
-        elif device_type == "cpu":
-            self.on_device = lambda t: t.is_cpu
-        elif device_type == "cuda":
-            self.on_device = lambda t: t.is_cuda
-        else:
-            self.on_device = lambda t: t.device.type == device_type
+        self.internal = frozenset(torch.nn.Module().__dict__) | {WORKSPACES, LEGACY_MARKER, *LEGACY_ATTRS}
+        self.on_device = on_device(device_type)
 
     # --- collecting ---------------------------------------------------------------------------
 
@@ -272,166 +228,115 @@ class _Walk:
             return
         inner: list[Any] = []
         sizes.inner_tensors(value, self.torch, inner)
-        on_device = self.on_device
         for t in inner:
-            if t is not None and on_device(t):  # inner_tensors leaves Nones for its callers to skip
+            if t is not None and self.on_device(t):  # inner_tensors leaves Nones for its callers to skip
                 self.found[category].append((node, attribute, key, t))
 
-    def run(self, chunks: list[Any], report: ResidueReport, top: int) -> None:
-        # Runs once per module of models of up to millions of modules: local aliases, and labels
-        # kept as (name, key) until a holder is reported. The walk is the clearing's (te/walk.py).
-        internal, plain, check = self.internal, self.plain, self.on_device
-        params_found, buffers_found = self.found["parameters"], self.found["buffers"]
-        workspaces_key, legacy_marker = WORKSPACES, LEGACY_MARKER
-        off = report.caching_off
+    def run(self, models: object, report: ResidueReport, top: int) -> None:
+        # Labels are kept as (name, key) until a holder is reported. The walk is the clearing's (te/walk.py).
+        chunks, refused = as_chunks(models)  # never iterates what the offload will iterate
+        if refused is not None:
+            report.errors.append(f"models not inspected: {refused}")
         seen: set[int] = set()  # a module two chunks share is walked once, in the first
         for index, chunk in enumerate(chunks):
             names = Names(index, chunk)
             tree = walk(chunk, every=True, seen=seen)
             for module, exc in tree.unreadable:  # one odd module must not hide the rest
-                report.errors.append(f"{names(module)}: {type(exc).__name__}: {exc}")
+                report.errors.append(_error(names(module), exc))
             for module, d in zip(tree.every, tree.every_dicts, strict=True):
-                node = (names, module)
                 try:
-                    params = d.get("_parameters")
-                    if params:
-                        for name, p in params.items():
-                            if type(p) in plain and p.grad is None and not p.__dict__:
-                                if check(p):  # the common case, without a call per parameter
-                                    params_found.append((node, name, "", p))
-                            elif p is not None:
-                                self.parameter(node, name, p)
-                    buffers = d.get("_buffers")
-                    if buffers:
-                        for name, b in buffers.items():
-                            if type(b) in plain:
-                                if check(b):
-                                    buffers_found.append((node, name, "", b))
-                            elif b is not None:
-                                self.add("buffers", node, name, b)
-                    workspaces = d.get(workspaces_key)
-                    if workspaces:
-                        self.workspaces(node, workspaces)
-                    elif workspaces_key in d:  # a TE layer holding nothing: is its caching off?
-                        reason = caching_off(d)
-                        if reason is not None:
-                            off[reason] = off.get(reason, 0) + 1
-                    if legacy_marker in d:  # TE < 1.8: never cleared (see te/layouts.py)
-                        for name in LEGACY_ATTRS:
-                            self.add("fp8_workspaces", node, name, d.get(name))
-                    extra = d.keys() - internal
-                    if extra:
-                        self.attributes(node, d, extra, report)
+                    self.module((names, module), d, report)
                 except Exception as exc:  # one odd module must not hide the rest
-                    report.errors.append(f"{_path(node)}: {type(exc).__name__}: {exc}")
+                    report.errors.append(_error(names(module), exc))
         self.claim(report, top)
 
-    def workspaces(self, node: _Node, workspaces: Any) -> None:
+    def module(self, node: _Node, d: dict, report: ResidueReport) -> None:
+        for name, p in (d.get("_parameters") or {}).items():
+            if type(p) in self.plain and p.grad is None and not p.__dict__:
+                self.add("parameters", node, name, p)  # the common case: one call per parameter
+            elif p is not None:
+                self.parameter(node, name, p)
+        for name, b in (d.get("_buffers") or {}).items():
+            self.add("buffers", node, name, b)
+        workspaces = d.get(WORKSPACES)
         if type(workspaces) is dict:
             for key, value in workspaces.items():
                 self.add("fp8_workspaces", node, (WORKSPACES, key), value)
-        else:  # not TE's plain dict: whatever tensors it holds
+        elif workspaces:  # not TE's plain dict: whatever tensors it holds
             self.add("fp8_workspaces", node, WORKSPACES, workspaces)
-
-    def attributes(self, node: _Node, d: dict, names: set[str], report: ResidueReport) -> None:
-        for name in sorted(names):
+        if WORKSPACES in d and not workspaces:  # a TE layer holding nothing: is its caching off?
+            reason = caching_off(d)
+            if reason is not None:
+                report.caching_off[reason] = report.caching_off.get(reason, 0) + 1
+        if LEGACY_MARKER in d:  # TE < 1.8: never cleared (see te/layouts.py)
+            for name in LEGACY_ATTRS:
+                self.add("fp8_workspaces", node, name, d.get(name))
+        for name in sorted(d.keys() - self.internal):
             value = d[name]
             if type(value) in _SCALARS:
                 continue
+            # megatron DDP's buffer lists: what their `_ParamAndGradBuffer`s hold is the buffer's
+            category = "ddp_buffers" if name in DDP_BUFFER_LISTS else "other"
             try:
-                if name in DDP_BUFFER_LISTS and self.ddp_buffers(node, name, value):
-                    continue
-                self.other(node, name, name, value, 0)
+                self.other(node, name, name, value, 0, category)
             except Exception as exc:  # one odd attribute costs only itself
-                report.errors.append(f"{_path(node)}.{name}: {type(exc).__name__}: {exc}")
+                report.errors.append(_error(f"{_path(node)}.{name}", exc))
 
     def parameter(self, node: _Node, name: str, p: Any) -> None:
-        if type(p) in self.plain:
-            self.add("parameters", node, name, p)
-        else:  # a TE FP8 primary weight (or another tensor subclass)
+        parts = []
+        if type(p) not in self.plain:  # a TE FP8 primary weight (or another tensor subclass)
             parts = [(n, getattr(p, n, None)) for n in sizes.INNER_ATTRS]
             parts = [(n, v) for n, v in parts if v is not None and v is not p]
-            if not parts:
-                self.add("parameters", node, name, p)
-            for inner_name, value in parts:
-                category = "fp8_param_caches" if inner_name in COLUMNWISE_ATTRS else "parameters"
-                self.add(category, node, f"{name}.{inner_name}", value)
-        grad = p.grad
-        if grad is not None:
-            self.add("gradients", node, f"{name}.grad", grad)
-        own = getattr(p, "__dict__", None)
-        if own:
-            for grad in GRAD_ATTRS:
-                if grad in own:
-                    self.add("gradients", node, f"{name}.{grad}", own[grad])
+        if not parts:
+            self.add("parameters", node, name, p)
+        for inner_name, value in parts:
+            category = "fp8_param_caches" if inner_name in COLUMNWISE_ATTRS else "parameters"
+            self.add(category, node, f"{name}.{inner_name}", value)
+        self.add("gradients", node, f"{name}.grad", p.grad)
+        own = getattr(p, "__dict__", None) or {}
+        for grad in GRAD_ATTRS:
+            self.add("gradients", node, f"{name}.{grad}", own.get(grad))
 
     # The values below are anything a module refers to, so they are told apart by their type alone,
     # never by an attribute of theirs: `isinstance` reads `__class__` when the type does not match,
     # and a lazily loaded module executes on any attribute read (a lazy proxy may raise instead).
 
-    def ddp_buffers(self, node: _Node, name: str, value: Any) -> bool:
-        if not issubclass(type(value), (list, tuple)) or not value:
-            return False
-        found = False
-        tensor = self.torch.Tensor
-        for i, buffer in enumerate(_sequence(value)):
-            if issubclass(type(buffer), _OPAQUE):
-                continue
-            fields = _plain_fields(buffer)
-            if fields is None or not any(m in fields for m in _DDP_BUFFER_MARKS):
-                continue
-            found = True
-            for field_name, item in fields.items():
-                label = f"{name}[{i}].{field_name}"
-                if issubclass(type(item), (list, tuple)):
-                    for part in _sequence(item):
-                        if issubclass(type(part), tensor):
-                            self.add("ddp_buffers", node, label, part)
-                elif issubclass(type(item), tensor):
-                    self.add("ddp_buffers", node, label, item)
-        return found
-
-    def other(self, node: _Node, label: str, key: str, value: Any, depth: int) -> None:
+    def other(self, node: _Node, label: str, key: str, value: Any, depth: int, category: str = "other") -> None:
         """Tensors a module keeps outside parameters and buffers, by attribute path (`key` leaves
-        out container positions, so `other` adds them up per attribute)."""
+        out container positions, so `other` adds them up per attribute), under `category`."""
         cls = type(value)
         if cls in _SCALARS:
             return
         if cls in self.plain or issubclass(cls, self.torch.Tensor):
-            self.add("other", node, label, value, key)
+            self.add(category, node, label, value, key)
             return
         if issubclass(cls, _OPAQUE) or issubclass(cls, self.module_type):
             return  # modules are walked through `_modules`; one merely referenced is not ours
-        if cls in (list, tuple):
-            fields = None
-        elif issubclass(cls, dict):
-            fields = None
-        else:
+        fields = None
+        if cls not in (list, tuple) and not issubclass(cls, dict):
             fields = _plain_fields(value)
             if fields is None:
                 return  # reading it could run the application's code: left unread
             if sizes.has_storage_marks(fields):  # a TE quantized value outside the workspace dict
-                self.storage(node, label, key, fields, 0)
+                self.storage(node, label, key, fields, 0, category)
                 return
-        if depth >= _MAX_DEPTH:
-            return
-        if id(value) in self.seen_objects:
+        if depth >= _MAX_DEPTH or id(value) in self.seen_objects:
             return
         self.seen_objects.add(id(value))
         if cls in (list, tuple):
-            for i, item in enumerate(_sequence(value)):
-                self.other(node, f"{label}[{i}]", key, item, depth + 1)
+            for i, item in enumerate(islice(value, _MAX_ITEMS)):  # exactly a list or tuple: no own __iter__
+                self.other(node, f"{label}[{i}]", key, item, depth + 1, category)
         elif fields is None:  # a dict, read through dict's own methods (never a subclass's)
             for i, (k, item) in enumerate(islice(dict.items(value), _MAX_ITEMS)):
                 if type(k) is str:
-                    self.other(node, f"{label}[{k}]", f"{key}.{k}", item, depth + 1)
+                    self.other(node, f"{label}[{k}]", f"{key}.{k}", item, depth + 1, category)
                 else:
-                    self.other(node, f"{label}[{i}]", key, item, depth + 1)
+                    self.other(node, f"{label}[{i}]", key, item, depth + 1, category)
         else:
             for k, item in list(fields.items())[:_MAX_ITEMS]:
-                self.other(node, f"{label}.{k}", f"{key}.{k}", item, depth + 1)
+                self.other(node, f"{label}.{k}", f"{key}.{k}", item, depth + 1, category)
 
-    def storage(self, node: _Node, label: str, key: str, fields: dict, depth: int) -> None:
+    def storage(self, node: _Node, label: str, key: str, fields: dict, depth: int, category: str) -> None:
         """The tensors of a TE storage found outside the workspace dict, from its instance fields
         (`sizes.INNER_ATTRS`) and nested storages: its class's attributes are never read."""
         tensor = self.torch.Tensor
@@ -440,11 +345,11 @@ class _Walk:
             if item is None:
                 continue
             if issubclass(type(item), tensor):
-                self.add("other", node, label, item, key)
+                self.add(category, node, label, item, key)
             elif depth < sizes.MAX_DEPTH and type(item) not in _SCALARS:
                 nested = _plain_fields(item)
                 if nested is not None and sizes.has_storage_marks(nested):
-                    self.storage(node, label, key, nested, depth + 1)
+                    self.storage(node, label, key, nested, depth + 1, category)
 
     # --- counting -----------------------------------------------------------------------------
 
@@ -462,7 +367,7 @@ class _Walk:
                     address, size = storage.data_ptr(), storage.nbytes()
                 except Exception as exc:  # a tensor subclass without a storage (DTensor, fake)
                     if len(report.errors) < 10:
-                        report.errors.append(f"{_path(node)}.{_label(attribute)}: {type(exc).__name__}: {exc}")
+                        report.errors.append(_error(f"{_path(node)}.{_label(attribute)}", exc))
                     continue
                 if not address or not size or address in claimed:
                     continue
@@ -474,7 +379,7 @@ class _Walk:
                     name = key or _label(attribute)
                     other[name] = other.get(name, 0) + size
                 elif own_names and type(attribute) is str:
-                    own = attribute.rpartition(".")[2]
+                    own = attribute.rpartition(".")[2].partition("[")[0]  # `extra_main_grads[3]`
                     if own in own_names:
                         named[own] = named.get(own, 0) + size
             report.by_category[category] = total

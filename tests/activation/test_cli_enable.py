@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DEPS, REPO
+from support.bare_venv import install_packaging
 
 PROBE = REPO / "tests" / "run_files" / "enable_probe.py"  # run by each venv's interpreter
 
@@ -70,6 +71,7 @@ def venv(tmp_path: Path, wheel: Path) -> Venv:
     env = Venv(tmp_path / "venv")
     env.pip("install", "--no-deps", "--no-index", str(wheel))
     (env.site / "wrapt_1.pth").write_text(f"{DEPS / 'wrapt-1'}\n")
+    install_packaging(env.site)
     (env.site / "faketarget.py").write_text("def offload(models):\n    return models\n")
     return env
 

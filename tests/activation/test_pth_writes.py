@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from conftest import DEPS, REPO
+from support.bare_venv import install_packaging
 
 from te_offload_shim.activation import pth
 
@@ -56,6 +57,7 @@ class Venv:
             REPO / "te_offload_shim", self.site / "te_offload_shim", ignore=shutil.ignore_patterns("__pycache__")
         )
         (self.site / "wrapt_1.pth").write_text(f"{DEPS / 'wrapt-1'}\n")
+        install_packaging(self.site)
         self.pth = self.site / pth.PTH_NAME
 
     def cli(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:

@@ -1,8 +1,8 @@
-"""`discover`: one file or distribution it cannot read costs only itself, and it never waits.
+"""`discover`: one file it cannot read costs only itself, and it never waits.
 
 - A tree with one file it cannot parse (a 3,000-term sum) reports the others.
-- Over the installed distributions, one with a malformed RECORD (an empty line, written by hand or
-  by a broken installer) costs only itself.
+- Without PATH it reads the folders on sys.path, not the distributions' file lists: one with a
+  malformed RECORD (an empty line, written by hand or by a broken installer) is read like any other.
 - A named pipe called x.py in the tree is no file to read: it is skipped, with the reason.
 """
 
@@ -75,7 +75,7 @@ def test_discover_skips_only_the_file_it_cannot_read(tmp_path: Path, capsys: pyt
 
 
 @pytest.mark.subprocess()
-def test_discover_skips_a_distribution_whose_record_it_cannot_read(
+def test_discover_reads_the_path_whatever_a_distributions_record_says(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import sys
@@ -85,16 +85,21 @@ def test_discover_skips_a_distribution_whose_record_it_cannot_read(
     site = tmp_path / "site"
     _distribution(site, "broken_record", "broken_record.py,,\n\n,,\n")  # an empty line: importlib raises TypeError
     _distribution(site, "good_record", "good_record.py,,\n")
+    here = tmp_path / "here"  # the current directory, first on sys.path under `python -m`: not read
+    here.mkdir()
+    (here / "local_offload.py").write_text(_MEGATRON_OFFLOAD)
+    os.chdir(here)
     saved = list(sys.path)
-    sys.path[:] = [str(site)]  # the only distributions this interpreter sees now
+    sys.path[:] = [str(here), str(site)]  # the only folders this interpreter sees now
     try:
         assert cli.main(["discover", "-v"]) == 0
     finally:
         sys.path[:] = saved
     out, err = capsys.readouterr()
-    assert "good_record:offload_megatron_model_to_cpu" in out, out
-    skipped = [line for line in err.splitlines() if "broken_record" in line]
-    assert len(skipped) == 1 and "skipped" in skipped[0] and "TypeError" in skipped[0], err
+    for name in ("good_record", "broken_record"):
+        assert f"{name}:offload_megatron_model_to_cpu" in out, out
+    assert "local_offload" not in out, out
+    assert err == "", "nothing skipped: no RECORD is read"
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this platform")

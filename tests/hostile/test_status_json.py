@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DEPS, REPO, child_env
+from support.bare_venv import install_packaging
 
 TARGETS = Path(__file__).resolve().parent / "targets"
 NOISE = [
@@ -30,6 +31,7 @@ def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     (site,) = root.glob("lib/python3.*/site-packages")
     (site / "checkout.pth").write_text(f"{REPO}\n{DEPS / 'wrapt-1'}\n")
+    install_packaging(site)
     return root / "bin" / "python"
 
 

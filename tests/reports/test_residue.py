@@ -91,9 +91,8 @@ def test_every_category_exact_bytes_and_storages_counted_once() -> None:
     assert (report.top[0].path, report.top[0].attribute, report.top[0].bytes) == ("chunk0.te", "weight", 128 * F32)
     assert [h.bytes for h in report.top] == sorted((h.bytes for h in report.top), reverse=True)
     assert len(report.top) == 10
-    assert report.memory == [] and "CUDA not initialised" in report.summary()
     d = report.as_dict()
-    assert d["by_category"] == expected and d["top"][0]["path"] == "chunk0.te" and d["memory_before"] is None
+    assert d["by_category"] == expected and d["top"][0]["path"] == "chunk0.te"
     # Any device but the CPU (the default): on this machine nothing is there.
     assert shim.residue([root]).total_bytes == 0
     assert shim.residue(root, device_type="meta").total_bytes == 0
@@ -362,7 +361,6 @@ def test_private_pools_are_read_from_the_allocators_snapshot(monkeypatch: pytest
     ]
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda include_traces=True: segments)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # no allocator numbers to read
     report = shim.residue([torch.nn.Linear(2, 2)], device_type="cpu")
     assert report.private_pools == {"cuda:0": 6 << 20, "cuda:1": 8 << 20}
     assert "private pools (CUDA graphs, MemPools): cuda:0 6.00 MiB, cuda:1 8.00 MiB" in report.summary()
