@@ -102,11 +102,16 @@ def _flush_records() -> list[registry.Record]:
 
 
 def _hook_layers(base: type) -> bool:
-    """Wrap `base.__init__` so that each layer it builds is noted; False if already hooked."""
+    """Wrap `base.__init__`, and give `base` a `__setstate__`, so that each layer is noted: built,
+    or made by `copy.deepcopy`, pickle, cloudpickle or `torch.load`, which never run `__init__`
+    (`__reduce_ex__` gives `cls.__new__`, then `__setstate__` puts the state back; TE 1.x-2.20's
+    base class defines none of its own: nn.Module's runs). False if already hooked."""
     raw = vars(base).get("__init__")
     if raw is None or any(r.replacement is raw for r in registry.records(LAYERS_KIND)):
         return False
     record = registry.Record(LAYERS_KIND, base, "__init__", raw)
+    own = vars(base).get("__setstate__", registry.ABSENT)
+    restored = registry.Record(LAYERS_KIND, base, "__setstate__", own)
 
     @functools.wraps(raw)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -114,7 +119,17 @@ def _hook_layers(base: type) -> bool:
         if record.armed:
             layers.note(self)
 
-    return registry.add(record, __init__, lambda: setattr(base, "__init__", __init__))
+    def __setstate__(self: Any, state: Any) -> None:
+        if own is registry.ABSENT:
+            super(base, self).__setstate__(state)  # type: ignore[misc]
+        else:
+            own(self, state)
+        if restored.armed:
+            layers.note(self)
+
+    return registry.add(record, __init__, lambda: setattr(base, "__init__", __init__)) and registry.add(
+        restored, __setstate__, lambda: setattr(base, "__setstate__", __setstate__)
+    )
 
 
 def _wrap_flush(module_name: str, attribute: str) -> bool:
