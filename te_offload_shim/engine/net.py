@@ -17,9 +17,10 @@ that wrapper calls straight through.
 Never in the flush's way: the flush's arguments, return value and exceptions are untouched; the
 net's own failures are counted, warned about once and the flush goes on (strict mode raises). A
 flush reached again on a thread that is already inside the net (a signal handler that flushes, a
-flush inside a clearing) goes straight to the original: the per-thread mark is set before
-anything else, and the only lock the net takes (its counters') is taken under that mark, so a
-signal handler can never wait for it on the thread that holds it.
+flush inside a clearing, the function the net wrapped calling another flush the net wrapped) goes
+straight to the original: one flush is one check. The per-thread mark is set before anything
+else, and the only lock the net takes (its counters') is taken under that mark, so a signal
+handler can never wait for it on the thread that holds it.
 """
 
 from __future__ import annotations
@@ -159,10 +160,17 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
 
     before = _untraced(_before_flush)
     strict = _switches.strict
+    inside = _inside  # held here: at interpreter shutdown the module's globals may be None already
 
     @wraps
     def empty_cache(*args: Any, **kwargs: Any) -> Any:
-        if record.armed and not getattr(_inside, "on", False):
+        if not record.armed or getattr(inside, "on", False):
+            return original(*args, **kwargs)
+        # The per-thread mark is set before anything else and stays set while the original runs: a
+        # flush reached from there (an application's wrapper made before TE's import calling torch's
+        # function, which the net wrapped apart and rebound) goes straight through. One flush, one check.
+        inside.on = True
+        try:
             # What this closure holds still works while the interpreter tears modules down (their
             # globals set to None, TorchDynamo's too): whatever fails then, the flush runs.
             try:
@@ -174,7 +182,9 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
                     raising = False
                 if raising:
                     raise
-        return original(*args, **kwargs)
+            return original(*args, **kwargs)
+        finally:
+            inside.on = False
 
     return empty_cache
 
@@ -216,8 +226,6 @@ def _before_flush(label: str) -> None:
             "te_offload_shim: the flush net failed (%s); the flush goes on without it",
             _describe(exc),
         )
-    finally:
-        _inside.on = False
 
 
 def _cleared(label: str, report: caches.CacheReport) -> None:

@@ -89,7 +89,6 @@ def _copies(te: Any, original: Any) -> dict[str, Any]:
 
 @pytest.mark.subprocess(env=NO_ROWS, timeout=300)
 def test_layers_made_by_deepcopy_pickle_cloudpickle_torch_load_and_to_empty_are_cleared_and_not_kept_alive() -> None:
-    import torch
 
     import te_offload_shim as shim
 
@@ -137,7 +136,6 @@ def _unpickle_in_another_process(blob: bytes, answers: Any) -> None:
 @pytest.mark.subprocess(env=NO_ROWS, timeout=300)
 def test_a_layer_cloudpickled_to_another_process_is_known_there() -> None:
     import cloudpickle
-    import torch
 
     te = _te()
     blob = cloudpickle.dumps(_linear(te))
