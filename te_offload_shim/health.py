@@ -440,6 +440,11 @@ def _net_line(net: dict[str, Any], installed: bool) -> str:
         )
         if net["callers"]:
             line += f"; called from {', '.join(net['callers'])}"
+    if net.get("frozen_not_searched"):
+        line += (
+            f"; {net['frozen_not_searched']} objects frozen by gc.freeze() not searched (layers among them "
+            "may keep their caches: import the shim at start-up)"
+        )
     return line
 
 

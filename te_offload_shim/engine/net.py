@@ -83,6 +83,14 @@ def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...],
             wrapped = [point for point in flushes if _wrap_flush(*point)]
             found, frozen = layers.find_existing(base) if te_ready and hooked else (0, 0)
             _arming["found"], _arming["frozen"] = found, frozen
+            if frozen:
+                warn_once(
+                    "net:frozen",
+                    "te_offload_shim: %d objects frozen by gc.freeze() were not searched for TE layers: a layer "
+                    "built before the shim was imported may keep its FP8 caches through an offload. Import the "
+                    "shim at start-up, before the heap is frozen (every route of docs/cluster.md does)",
+                    frozen,
+                )
             if not wrapped and not _flush_records():
                 return _set("error", "no flush function to wrap: " + ", ".join(f"{m}.{a}" for m, a in flushes))
             return _set("armed", "wraps " + ", ".join(f"{m}.{a}" for m, a in flushes))
@@ -289,7 +297,7 @@ def _describe(exc: BaseException) -> str:
 def totals() -> NetTotals:
     """The net's counters, for stats()."""
     with _lock:
-        return dict(_counts)  # type: ignore[return-value]
+        return dict(_counts, frozen_not_searched=_arming["frozen"])  # type: ignore[return-value]
 
 
 def row() -> NetRow:

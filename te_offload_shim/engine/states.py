@@ -62,6 +62,7 @@ class NetTotals(TypedDict):
     bytes: int
     skipped: int  # layers left alone at its clearings (CUDA graphs, TE < 1.8, ...)
     errors: int  # its own errors (each kind also logged once)
+    frozen_not_searched: int  # objects frozen by gc.freeze() when it armed: not searched for layers
 
 
 class TargetTotals(TypedDict):
