@@ -56,7 +56,9 @@ _inside = kept(globals(), "_inside", threading.local)
 _counts: dict[str, int] = kept(
     globals(),
     "_counts",
-    lambda: dict.fromkeys(("flushes", "cleared_flushes", "entries", "modules", "bytes", "skipped", "errors"), 0),
+    lambda: dict.fromkeys(
+        ("flushes", "cleared_flushes", "entries", "modules", "bytes", "primary_weight_cleared", "skipped", "errors"), 0
+    ),
 )
 _callers: dict[str, None] = kept(globals(), "_callers", dict)  # distinct, in order, at most MAX_CALLERS
 _arming: dict[str, Any] = kept(
@@ -238,27 +240,32 @@ def _before_flush(label: str) -> None:
 
 def _cleared(label: str, report: caches.CacheReport) -> None:
     global _announced
-    caller = _caller() if report.entries else ""
+    # FP8 primary weights (fp8_model_init / quantized_model_init) have no workspace entry: what the
+    # clearing frees of theirs is each one's transpose (`primary_weight_cleared`, bytes)
+    primary = report.primary_weight_cleared
+    caller = _caller() if report.entries or primary else ""
     with _lock:
         _counts["skipped"] += len(report.skipped)
         _counts["errors"] += len(report.errors)
-        if not report.entries:
+        if not (report.entries or primary):
             return
         _counts["cleared_flushes"] += 1
         _counts["entries"] += report.entries
         _counts["modules"] += report.modules
         _counts["bytes"] += report.bytes
+        _counts["primary_weight_cleared"] += primary
         if len(_callers) < MAX_CALLERS:
             _callers.setdefault(caller, None)
         first, _announced = not _announced, True
+    what = f"{report.entries} FP8 weight caches ({human_bytes(report.bytes)}) in {report.modules} layers"
+    if primary:
+        dropped = f"the transposes of FP8 primary weights ({human_bytes(primary)})"
+        what = f"{what} and {dropped}" if report.entries else dropped
     log(
         first_line_level() if first else 10,
-        "te_offload_shim: %san offload the target table does not know left %d FP8 weight caches (%s) in %d "
-        "layers; cleared at %s called from %s",
+        "te_offload_shim: %san offload the target table does not know left %s; cleared at %s called from %s",
         rank_prefix(),
-        report.entries,
-        human_bytes(report.bytes),
-        report.modules,
+        what,
         label,
         caller,
     )
@@ -321,6 +328,7 @@ def row() -> NetRow:
         "layers": counts["modules"],
         "entries": counts["entries"],
         "bytes": counts["bytes"],
+        "primary_weight_cleared": counts["primary_weight_cleared"],
         "live_layers": layers.count(),
         "found_at_arming": _arming["found"],
         "frozen_not_searched": _arming["frozen"],

@@ -87,6 +87,7 @@ def net_row(installed: bool) -> NetRow:
         "live_layers": 0,
         "found_at_arming": 0,
         "frozen_not_searched": 0,
+        "primary_weight_cleared": 0,
         "callers": [],
     }
 

@@ -120,7 +120,10 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
     object. Only when it does not answer "on" are all the layer's parameters read (`_decide`), and
     the probe moves to whichever is on the device. The storage's size, not the tensor's: the views
     megatron-core's buffer offload leaves keep their sizes (and `data_ptr()` their offsets) with a
-    zero-byte storage under them."""
+    zero-byte storage under them. A TE quantized parameter (an FP8 primary weight) takes the same
+    one look, at the inner data tensor its type keeps its bytes in (`_QUANTIZED`): on the device
+    with bytes there, it is on, as `_subclass_on_device` would find; a type not TE's takes the
+    full reading."""
     is_device = is_device or flag()
     parameter: Any = _plain_types()[1]  # nn.Parameter exactly
     found = []
@@ -136,8 +139,17 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
                 if name is None:
                     continue  # no weights: nothing says it was offloaded
             p: Any = params.get(name)
-            if type(p) is parameter and getattr(p, is_device) and p.untyped_storage().nbytes():
-                continue  # on the device: the usual answer
+            kind = type(p)
+            if kind is parameter:
+                if getattr(p, is_device) and p.untyped_storage().nbytes():
+                    continue  # on the device: the usual answer
+            elif kind not in _QUANTIZED:
+                _learn(p)  # a parameter type seen for the first time
+            elif (field := _QUANTIZED[kind]) is not None:
+                inner = p.__dict__.get(field)
+                if inner is not None and getattr(p, is_device) and getattr(inner, is_device):
+                    if inner.untyped_storage().nbytes():
+                        continue  # an FP8 primary weight whose data is on the device
         except Exception:
             continue  # not knowing is "on"
         left, on = _decide(layer, is_device)
@@ -146,6 +158,22 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
         if left:
             found.append(layer)
     return found
+
+
+# Parameter types seen by the check -> the field of QUANTIZED_DATA that TE's quantized type keeps
+# its data in (the first one set on the first instance seen), or None: not TE's, no one look.
+_QUANTIZED: dict[type, str | None] = {}
+
+
+def _learn(p: Any) -> None:
+    field = None
+    try:
+        if type(p).__module__.startswith("transformer_engine.") and isinstance(p, _plain_types()[0]):
+            d = object.__getattribute__(p, "__dict__")
+            field = next((name for name in QUANTIZED_DATA if d.get(name) is not None), None)
+    except Exception:
+        pass
+    _QUANTIZED[type(p)] = field
 
 
 def _plain_types() -> tuple[type, ...]:
