@@ -22,6 +22,7 @@ one that cannot be read is on. Not knowing means "on": the net then clears nothi
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -125,14 +126,17 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
     with bytes there, it is on, as `_subclass_on_device` would find; a type not TE's takes the
     full reading."""
     is_device = is_device or flag()
+    on = operator.attrgetter(is_device)
+    own = object.__getattribute__
     parameter: Any = _plain_types()[1]  # nn.Parameter exactly
+    quantized = _QUANTIZED
     found = []
     for entry in entries:
         layer = entry()
         if layer is None:
             continue
         try:
-            params = object.__getattribute__(layer, "__dict__")["_parameters"]
+            params = own(layer, "__dict__")["_parameters"]
             name = entry.probe
             if name is None:
                 name = next(iter(params), None)
@@ -141,15 +145,15 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
             p: Any = params.get(name)
             kind = type(p)
             if kind is parameter:
-                if getattr(p, is_device) and p.untyped_storage().nbytes():
+                if on(p) and p.untyped_storage().nbytes():
                     continue  # on the device: the usual answer
-            elif kind not in _QUANTIZED:
-                _learn(p)  # a parameter type seen for the first time
-            elif (field := _QUANTIZED[kind]) is not None:
-                inner = p.__dict__.get(field)
-                if inner is not None and getattr(p, is_device) and getattr(inner, is_device):
-                    if inner.untyped_storage().nbytes():
-                        continue  # an FP8 primary weight whose data is on the device
+            elif kind not in quantized:
+                _learn(p, is_device)  # a parameter type seen for the first time
+            elif (known := quantized[kind]) is not None:
+                field, outer = known
+                inner = own(p, "__dict__").get(field)
+                if inner is not None and (not outer or on(p)) and on(inner) and inner.untyped_storage().nbytes():
+                    continue  # an FP8 primary weight whose data is on the device
         except Exception:
             continue  # not knowing is "on"
         left, on = _decide(layer, is_device)
@@ -160,20 +164,27 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
     return found
 
 
-# Parameter types seen by the check -> the field of QUANTIZED_DATA that TE's quantized type keeps
-# its data in (the first one set on the first instance seen), or None: not TE's, no one look.
-_QUANTIZED: dict[type, str | None] = {}
+# Parameter types seen by the check -> (the field TE's quantized type keeps its data in, whether the
+# wrapper's own device flag must be read too), or None: not TE's, no one look. The field is the one
+# TE's `is_cuda` reads first (Float8Tensor `_data`; MXFP8, Float8Blockwise, NVFP4 `_rowwise_data`:
+# transformer_engine/pytorch/tensor/*.py, 2.16 - 2.20), so where TE defines that flag as a property
+# (2.16+) the wrapper's answer is the field's and is not read again; before, it is torch's own flag.
+_QUANTIZED: dict[type, tuple[str, bool] | None] = {}
 
 
-def _learn(p: Any) -> None:
-    field = None
+def _learn(p: Any, is_device: str) -> None:
+    known = None
     try:
-        if type(p).__module__.startswith("transformer_engine.") and isinstance(p, _plain_types()[0]):
+        kind = type(p)
+        if kind.__module__.startswith("transformer_engine.") and isinstance(p, _plain_types()[0]):
             d = object.__getattribute__(p, "__dict__")
-            field = next((name for name in QUANTIZED_DATA if d.get(name) is not None), None)
+            field = next((name for name in ("_data", "_rowwise_data") if name in d), None)
+            owner = next((k for k in kind.__mro__ if is_device in vars(k)), object)  # TE's property, or torch's
+            outer = not (isinstance(vars(owner)[is_device], property) and owner.__module__.startswith("transformer_"))
+            known = (field, outer) if field is not None and d[field] is not None else None
     except Exception:
         pass
-    _QUANTIZED[type(p)] = field
+    _QUANTIZED[type(p)] = known
 
 
 def _plain_types() -> tuple[type, ...]:
