@@ -129,7 +129,7 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
     on = operator.attrgetter(is_device)
     own = object.__getattribute__
     parameter: Any = _plain_types()[1]  # nn.Parameter exactly
-    quantized = _QUANTIZED
+    quantized = _QUANTIZED.setdefault(is_device, {})
     found = []
     for entry in entries:
         layer = entry()
@@ -148,7 +148,7 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
                 if on(p) and p.untyped_storage().nbytes():
                     continue  # on the device: the usual answer
             elif kind not in quantized:
-                _learn(p, is_device)  # a parameter type seen for the first time
+                quantized[kind] = _learn(p, is_device)  # a parameter type seen for the first time
             elif (known := quantized[kind]) is not None:
                 field, outer = known
                 inner = own(p, "__dict__").get(field)
@@ -164,15 +164,15 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
     return found
 
 
-# Parameter types seen by the check -> (the field TE's quantized type keeps its data in, whether the
+# The device flag -> parameter types seen by the check -> (the field TE's quantized type keeps its data in, whether the
 # wrapper's own device flag must be read too), or None: not TE's, no one look. The field is the one
 # TE's `is_cuda` reads first (Float8Tensor `_data`; MXFP8, Float8Blockwise, NVFP4 `_rowwise_data`:
 # transformer_engine/pytorch/tensor/*.py, 2.16 - 2.20), so where TE defines that flag as a property
 # (2.16+) the wrapper's answer is the field's and is not read again; before, it is torch's own flag.
-_QUANTIZED: dict[type, tuple[str, bool] | None] = {}
+_QUANTIZED: dict[str, dict[type, tuple[str, bool] | None]] = {}
 
 
-def _learn(p: Any, is_device: str) -> None:
+def _learn(p: Any, is_device: str) -> tuple[str, bool] | None:
     known = None
     try:
         kind = type(p)
@@ -184,7 +184,7 @@ def _learn(p: Any, is_device: str) -> None:
             known = (field, outer) if field is not None and d[field] is not None else None
     except Exception:
         pass
-    _QUANTIZED[type(p)] = known
+    return known
 
 
 def _plain_types() -> tuple[type, ...]:
