@@ -126,7 +126,7 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
     with bytes there, it is on, as `_subclass_on_device` would find; a type not TE's takes the
     full reading."""
     is_device = is_device or flag()
-    on = operator.attrgetter(is_device)
+    flagged = operator.attrgetter(is_device)
     own = object.__getattribute__
     parameter: Any = _plain_types()[1]  # nn.Parameter exactly
     quantized = _QUANTIZED.setdefault(is_device, {})
@@ -145,15 +145,16 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
             p: Any = params.get(name)
             kind = type(p)
             if kind is parameter:
-                if on(p) and p.untyped_storage().nbytes():
+                if flagged(p) and p.untyped_storage().nbytes():
                     continue  # on the device: the usual answer
             elif kind not in quantized:
                 quantized[kind] = _learn(p, is_device)  # a parameter type seen for the first time
             elif (known := quantized[kind]) is not None:
                 field, outer = known
                 inner = own(p, "__dict__").get(field)
-                if inner is not None and (not outer or on(p)) and on(inner) and inner.untyped_storage().nbytes():
-                    continue  # an FP8 primary weight whose data is on the device
+                if inner is not None and (not outer or flagged(p)) and flagged(inner):
+                    if inner.untyped_storage().nbytes():
+                        continue  # an FP8 primary weight whose data is on the device
         except Exception:
             continue  # not knowing is "on"
         left, on = _decide(layer, is_device)
@@ -164,8 +165,8 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
     return found
 
 
-# The device flag -> parameter types seen by the check -> (the field TE's quantized type keeps its data in, whether the
-# wrapper's own device flag must be read too), or None: not TE's, no one look. The field is the one
+# The device flag -> parameter types seen by the check -> (the field TE's quantized type keeps its
+# data in, whether the wrapper's own device flag must be read too), or None: not TE's, no one look. The field is the one
 # TE's `is_cuda` reads first (Float8Tensor `_data`; MXFP8, Float8Blockwise, NVFP4 `_rowwise_data`:
 # transformer_engine/pytorch/tensor/*.py, 2.16 - 2.20), so where TE defines that flag as a property
 # (2.16+) the wrapper's answer is the field's and is not read again; before, it is torch's own flag.

@@ -490,11 +490,13 @@ def test_the_checks_one_look_covers_tes_quantized_parameters() -> None:
         # the TE layers once each, at the first flush (their types learnt); the foreign one at every flush
         assert read == [*built, foreign, foreign, foreign], read
         read.clear()
-        for name in placement.QUANTIZED_DATA:
-            if getattr(built[1].weight, name, None) is not None:
-                getattr(built[1].weight, name).untyped_storage().resize_(0)
-        built[1].bias.data.untyped_storage().resize_(0)
-        assert placement.offloaded_entries(entries) == [built[1]], "off: the full reading decides"
+        for layer in built:
+            for name in placement.QUANTIZED_DATA:
+                if getattr(layer.weight, name, None) is not None:
+                    getattr(layer.weight, name).untyped_storage().resize_(0)
+            layer.bias.data.untyped_storage().resize_(0)
+        assert placement.offloaded_entries(entries) == built, "off: the full reading decides, for each layer"
+        assert read == [*built, foreign], read
     finally:
         placement._decide = full  # type: ignore[assignment]
 
