@@ -5,7 +5,8 @@ Every offload ends the same way: the weights leave the device, then the allocato
 PyTorch modules and only there: before the flush runs, every live TE layer whose weights have all
 left the device (`te.placement`) has its FP8 weight caches dropped by the table's own clearing
 (`te.caches.clear_layers`), whatever function led to the flush. The live layers are noted as TE's
-base module class builds them (`te.layers`): its `__init__` is wrapped here.
+base module class builds them (`te.layers`): its `__init__` is wrapped here, and it is given a
+`__setstate__` for the layers made without `__init__` (copies, unpickled layers).
 
 What it patches is data given by `integrations/flush.py`: the flush functions (`module`,
 `attribute`) and TE's base class. Each patch is a `registry.Record`, so `uninstall()` puts back
@@ -132,7 +133,7 @@ def _hook_layers(base: type) -> bool:
 
     def __setstate__(self: Any, state: Any) -> None:
         if own is registry.ABSENT:
-            super(base, self).__setstate__(state)  # type: ignore[misc]
+            super(base, self).__setstate__(state)  # type: ignore[arg-type]
         else:
             own(self, state)
         if restored.armed:
