@@ -166,10 +166,11 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
 
 
 # The device flag -> parameter types seen by the check -> (the field TE's quantized type keeps its
-# data in, whether the wrapper's own device flag must be read too), or None: not TE's, no one look. The field is the one
-# TE's `is_cuda` reads first (Float8Tensor `_data`; MXFP8, Float8Blockwise, NVFP4 `_rowwise_data`:
-# transformer_engine/pytorch/tensor/*.py, 2.16 - 2.20), so where TE defines that flag as a property
-# (2.16+) the wrapper's answer is the field's and is not read again; before, it is torch's own flag.
+# data in, whether the wrapper's own device flag must be read too), or None: not TE's (or its first
+# instance had no such field set), no one look. The field is the one TE's `is_cuda` reads first
+# (Float8Tensor `_data`; MXFP8, Float8Blockwise, NVFP4 `_rowwise_data`: transformer_engine/pytorch/
+# tensor/*.py, 2.16 - 2.20), so where TE defines that flag as a property (2.16+) the wrapper's
+# answer is the field's and is not read again; before 2.16 it is torch's own flag, read as well.
 _QUANTIZED: dict[str, dict[type, tuple[str, bool] | None]] = {}
 
 
