@@ -18,6 +18,11 @@ build on the twin): the check reads only a layer's own `_parameters`, never its 
 is the CPU here: the rule's seam (`te.placement.DEVICE_TYPE = "cpu"`) makes these weights "on the
 device", as a GPU's are.
 
+The same model with FP8 primary weights (`fp8_model_init` / `quantized_model_init`), in the same run
+after the plain rows: every weight of every TE layer is TE 2.20.2's own `Float8Tensor` (data and
+transpose, each in its own storage), made on the CPU twin of TE's extension (harness/te_twin:
+loaded only for these rows, after the plain ones), as TE's FP8 model init leaves its parameters.
+
 Also the one-off arming cost when TE was imported before the shim (its layers may exist already):
 `te.layers.find_existing`, one pass over `gc.get_objects()` for instances of TE's base class, over
 the heap of the 100,000-layer model; beside it, one full `gc.collect()` of the same heap (what a
@@ -32,9 +37,11 @@ torch/cuda/memory.py, not a wrapper): it costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +55,7 @@ from walk import build_tree  # noqa: E402
 TE_PER_LAYER = 6  # in walk.py's layer: linear_qkv, linear_proj, 2 GroupedLinear, 2 shared-expert Linear
 SIZES = {"full": ((4_000, 15), (100_000, 7)), "quick": ((120, 3), (600, 3))}
 LABEL = "torch.cuda.empty_cache"
+RELEASE = "2.20.2"  # TE's own Float8Tensor, on the twin, for the FP8-primary rows
 
 NO_TE = """
 import json, inspect, sys
@@ -64,7 +72,55 @@ print(json.dumps({
 """
 
 
-def measure(te_layers: int, repeats: int) -> dict[str, Any]:
+def fp8_primary(te_modules: list[Any]) -> None:
+    """Every weight of `te_modules` made TE's own FP8 primary weight: a `Float8Tensor` parameter with
+    its own data, scale and transpose (one quantized by TE's quantizer, the others built by TE's
+    constructor from copies of its fields: quantizing each one on the twin would take minutes)."""
+    import torch
+
+    from harness import te_twin
+
+    te_twin.load(RELEASE)
+    import transformer_engine_torch as tex
+    from transformer_engine.pytorch.tensor.float8_tensor import Float8Quantizer, Float8Tensor
+
+    quantizer = Float8Quantizer(torch.ones(1), torch.zeros(1), tex.DType.kFloat8E4M3)
+    made: dict[Any, Any] = {}
+    for module in te_modules:
+        for name, p in list(module._parameters.items()):
+            one = made.get(p.shape)
+            if one is None:
+                one = made[p.shape] = quantizer(p.detach())
+            weight = Float8Tensor(
+                shape=p.shape,
+                dtype=p.dtype,
+                data=one._data.clone(),
+                fp8_scale_inv=one._scale_inv.clone(),
+                fp8_dtype=one._fp8_dtype,
+                data_transpose=one._transpose.clone(),
+                quantizer=quantizer,
+            )
+            module._parameters[name] = torch.nn.Parameter(weight)
+
+
+@contextlib.contextmanager
+def _twin_mode_left(primary: bool) -> Iterator[None]:
+    """For the timed calls of the FP8-primary rows, the twin's torch-function mode (which serves TE's
+    "cuda" allocations from the CPU, harness/te_twin/redirect.py) is left: no process on a GPU has
+    it, and it would put a Python call in each tensor method the check makes."""
+    if not primary:
+        yield
+        return
+    from harness.te_twin import redirect
+
+    redirect.MODE.__exit__(None, None, None)
+    try:
+        yield
+    finally:
+        redirect.MODE.__enter__()
+
+
+def measure(te_layers: int, repeats: int, primary: bool = False) -> dict[str, Any]:
     from verl.utils.megatron_utils import _clear_te_fp8_weight_workspaces as reference
 
     from te_offload_shim.engine import net, stats
@@ -75,6 +131,9 @@ def measure(te_layers: int, repeats: int) -> dict[str, Any]:
     modules = TE_PER_LAYER + (te_layers // TE_PER_LAYER) * 21  # walk.build_tree's count
     root, refills = build_tree(modules)
     te_modules = [m for m in root.modules() if "_fp8_workspaces" in m.__dict__]
+    if primary:
+        fp8_primary(te_modules)
+        assert all(type(p).__name__ == "Float8Tensor" for m in te_modules for p in m.parameters())
     for module in te_modules:
         layers.note(module)
     entries = sum(len(e) for _, e in refills)
@@ -91,7 +150,8 @@ def measure(te_layers: int, repeats: int) -> dict[str, Any]:
         if side == "reference" and (left or result != entries):
             raise AssertionError(f"verl's walk cleared {result} of {entries} entries")
 
-    figures = ab(lambda: net._before_flush(LABEL), lambda: reference(root), repeats, refill, check)
+    with _twin_mode_left(primary):
+        figures = ab(lambda: net._before_flush(LABEL), lambda: reference(root), repeats, refill, check)
     after = stats.net_counts()[0]
     return {
         "te_layers": len(te_modules),
@@ -137,18 +197,20 @@ def no_te() -> dict[str, Any]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     rows, cases = [], []
-    for te_layers, repeats in SIZES["quick" if quick else "full"]:
-        m = measure(te_layers, repeats)
-        cases.append(m)
-        rows.append(
-            row(
-                "flush net",
-                f"nothing to clear: {m['te_layers']:,} TE layers, {m['modules']:,} modules",
-                m,
-                note="the net's check at a flush, every layer's weights on the device, vs verl 0.9.1 "
-                "_clear_te_fp8_weight_workspaces over the same model; goal <= 0.1",
+    for primary in (False, True):  # the FP8-primary rows load TE on the twin: after the plain ones
+        for te_layers, repeats in SIZES["quick" if quick else "full"]:
+            m = measure(te_layers, repeats, primary)
+            cases.append({"fp8_primary_weights": primary, **m})
+            weights = "FP8 primary weights (TE's Float8Tensor), " if primary else ""
+            rows.append(
+                row(
+                    "flush net",
+                    f"nothing to clear: {weights}{m['te_layers']:,} TE layers, {m['modules']:,} modules",
+                    m,
+                    note="the net's check at a flush, every layer's weights on the device, vs verl 0.9.1 "
+                    "_clear_te_fp8_weight_workspaces over the same model; goal <= 0.1",
+                )
             )
-        )
     size, repeats = SIZES["quick" if quick else "full"][-1]
     armed = arming(size, repeats)
     cases.append(armed)

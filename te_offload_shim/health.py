@@ -460,8 +460,15 @@ def _net_line(net: dict[str, Any], installed: bool) -> str:
             f"; {net['flushes']} flushes seen, {net['cleared_flushes']} cleared {net['entries']} caches in "
             f"{net['layers']} layers ({human_bytes(net['bytes'])}); {net['live_layers']} TE layers known"
         )
+        if net.get("primary_weight_cleared"):
+            line += f"; FP8 primary weights' transposes dropped ({human_bytes(net['primary_weight_cleared'])})"
         if net["callers"]:
             line += f"; called from {', '.join(net['callers'])}"
+    if net.get("frozen_not_searched"):
+        line += (
+            f"; {net['frozen_not_searched']} objects frozen by gc.freeze() not searched (layers among them "
+            "may keep their caches: import the shim at start-up)"
+        )
     return line
 
 

@@ -5,7 +5,8 @@ Every offload ends the same way: the weights leave the device, then the allocato
 PyTorch modules and only there: before the flush runs, every live TE layer whose weights have all
 left the device (`te.placement`) has its FP8 weight caches dropped by the table's own clearing
 (`te.caches.clear_layers`), whatever function led to the flush. The live layers are noted as TE's
-base module class builds them (`te.layers`): its `__init__` is wrapped here.
+base module class builds them (`te.layers`): its `__init__` is wrapped here, and it is given a
+`__setstate__` for the layers made without `__init__` (copies, unpickled layers).
 
 What it patches is data given by `integrations/flush.py`: the flush functions (`module`,
 `attribute`) and TE's base class. Each patch is a `registry.Record`, so `uninstall()` puts back
@@ -17,8 +18,9 @@ that wrapper calls straight through.
 Never in the flush's way: the flush's arguments, return value and exceptions are untouched; the
 net's own failures are counted, warned about once and the flush goes on (strict mode raises). A
 flush reached again on a thread that is already inside the net (a signal handler that flushes, a
-flush inside a clearing) goes straight to the original: the per-thread mark is set before
-anything else, and the only lock the net takes (engine/stats.py's, counting) is taken under that mark, so a
+flush inside a clearing, the function the net wrapped calling another flush the net wrapped) goes
+straight to the original: one flush is one check. The per-thread mark is set before anything
+else, and the only lock the net takes (engine/stats.py's, counting) is taken under that mark, so a
 signal handler can never wait for it on the thread that holds it.
 """
 
@@ -70,6 +72,15 @@ def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...],
             wrapped = [point for point in flushes if _wrap_flush(*point)]
             found, frozen = layers.find_existing(base) if te_ready and hooked else (0, 0)
             _arming["found"], _arming["frozen"] = found, frozen
+            stats.set_net("frozen_not_searched", frozen)
+            if frozen:
+                warn_once(
+                    "net:frozen",
+                    "te_offload_shim: %d objects frozen by gc.freeze() were not searched for TE layers: a layer "
+                    "built before the shim was imported may keep its FP8 caches through an offload. Import the "
+                    "shim at start-up, before the heap is frozen (every route of docs/cluster.md does)",
+                    frozen,
+                )
             if not wrapped and not _flush_records():
                 return _set("error", "no flush function to wrap: " + ", ".join(f"{m}.{a}" for m, a in flushes))
             return _set("armed", "wraps " + ", ".join(f"{m}.{a}" for m, a in flushes))
@@ -90,11 +101,16 @@ def _flush_records() -> list[registry.Record]:
 
 
 def _hook_layers(base: type) -> bool:
-    """Wrap `base.__init__` so that each layer it builds is noted; False if already hooked."""
+    """Wrap `base.__init__`, and give `base` a `__setstate__`, so that each layer is noted: built,
+    or made by `copy.deepcopy`, pickle, cloudpickle or `torch.load`, which never run `__init__`
+    (`__reduce_ex__` gives `cls.__new__`, then `__setstate__` puts the state back; TE 1.x-2.20's
+    base class defines none of its own: nn.Module's runs). False if already hooked."""
     raw = vars(base).get("__init__")
     if raw is None or any(r.replacement is raw for r in registry.records(LAYERS_KIND)):
         return False
     record = registry.Record(LAYERS_KIND, base, "__init__", raw)
+    own = vars(base).get("__setstate__", registry.ABSENT)
+    restored = registry.Record(LAYERS_KIND, base, "__setstate__", own)
 
     @functools.wraps(raw)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -102,7 +118,17 @@ def _hook_layers(base: type) -> bool:
         if record.armed:
             layers.note(self)
 
-    return registry.add(record, __init__, lambda: setattr(base, "__init__", __init__))
+    def __setstate__(self: Any, state: Any) -> None:
+        if own is registry.ABSENT:
+            super(base, self).__setstate__(state)  # type: ignore[arg-type]
+        else:
+            own(self, state)
+        if restored.armed:
+            layers.note(self)
+
+    return registry.add(record, __init__, lambda: setattr(base, "__init__", __init__)) and registry.add(
+        restored, __setstate__, lambda: setattr(base, "__setstate__", __setstate__)
+    )
 
 
 def _wrap_flush(module_name: str, attribute: str) -> bool:
@@ -132,10 +158,17 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
 
     before = _untraced(_before_flush)
     strict = _switches.strict
+    inside = _inside  # held here: at interpreter shutdown the module's globals may be None already
 
     @wraps
     def empty_cache(*args: Any, **kwargs: Any) -> Any:
-        if record.armed and not getattr(_inside, "on", False):
+        if not record.armed or getattr(inside, "on", False):
+            return original(*args, **kwargs)
+        # The per-thread mark is set before anything else and stays set while the original runs: a
+        # flush reached from there (an application's wrapper made before TE's import calling torch's
+        # function, which the net wrapped apart and rebound) goes straight through. One flush, one check.
+        inside.on = True
+        try:
             # What this closure holds still works while the interpreter tears modules down (their
             # globals set to None, TorchDynamo's too): whatever fails then, the flush runs.
             try:
@@ -147,7 +180,9 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
                     raising = False
                 if raising:
                     raise
-        return original(*args, **kwargs)
+            return original(*args, **kwargs)
+        finally:
+            inside.on = False
 
     return empty_cache
 
@@ -188,22 +223,24 @@ def _before_flush(label: str) -> None:
             "te_offload_shim: the flush net failed (%s); the flush goes on without it",
             _describe(exc),
         )
-    finally:
-        _inside.on = False
 
 
 def _cleared(label: str, report: caches.CacheReport) -> None:
-    caller = _caller() if report.entries else ""
+    # FP8 primary weights (fp8_model_init / quantized_model_init) have no workspace entry: what the
+    # clearing frees of theirs is each one's transpose (`primary_weight_cleared`, bytes)
+    primary = report.primary_weight_cleared
+    caller = _caller() if report.entries or primary else ""
     level = stats.count_net(report, caller)
     if level is None:
         return
+    what = f"{report.entries} FP8 weight caches ({human_bytes(report.bytes)}) in {report.modules} layers"
+    if primary:
+        dropped = f"the transposes of FP8 primary weights ({human_bytes(primary)})"
+        what = f"{what} and {dropped}" if report.entries else dropped
     log(
         level,
-        "te_offload_shim: an offload the target table does not know left %d FP8 weight caches (%s) in %d "
-        "layers; cleared at %s called from %s",
-        report.entries,
-        human_bytes(report.bytes),
-        report.modules,
+        "te_offload_shim: an offload the target table does not know left %s; cleared at %s called from %s",
+        what,
         label,
         caller,
     )

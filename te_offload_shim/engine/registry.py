@@ -36,6 +36,9 @@ _failed_clearings: dict[str, tuple[int, str]] = kept(
 )  # target -> (clearings that failed, the latest why)
 
 
+ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()  # an `original` the owner did not have
+
+
 class Record:
     """One patch: `owner.name` was `original` and now is `replacement`.
 
@@ -43,7 +46,8 @@ class Record:
     "actor-copy"). `aliases`: module globals elsewhere that held `original` were pointed at
     `replacement` too (module-level functions), so undoing it points every global that holds
     `replacement` back. `handler`: what a call of `replacement` runs (for a target, its
-    `engine.handler.Handler`, which Ray's actor copies reuse)."""
+    `engine.handler.Handler`, which Ray's actor copies reuse). An `original` of `ABSENT`: the owner
+    had no such attribute of its own, and restoring deletes ours."""
 
     __slots__ = ("aliases", "armed", "handler", "kind", "name", "original", "owner", "replacement", "target")
 
@@ -71,7 +75,10 @@ class Record:
         """Put the original back where our replacement still sits; True if the owner had it."""
         restored = False
         if self.in_place():
-            setattr(self.owner, self.name, self.original)
+            if self.original is ABSENT:
+                delattr(self.owner, self.name)
+            else:
+                setattr(self.owner, self.name, self.original)
             restored = True
         if self.aliases:
             rebind(self.replacement, self.original)

@@ -37,6 +37,7 @@ class NetRow(TypedDict):
     layers: int  # TE layers whose caches it cleared (summed over flushes)
     entries: int  # cache entries it cleared
     bytes: int  # bytes those entries held (each storage once)
+    primary_weight_cleared: int  # bytes of FP8 primary weights' transposes it dropped (they have no entries)
     live_layers: int  # TE layers it knows of now (weak references)
     found_at_arming: int  # layers built before the net armed, found then
     frozen_not_searched: int  # objects frozen by gc.freeze() when it armed: not searched for layers
@@ -60,8 +61,10 @@ class NetTotals(TypedDict):
     entries: int
     modules: int
     bytes: int
+    primary_weight_cleared: int  # bytes of FP8 primary weights' transposes it dropped (they have no entries)
     skipped: int  # layers left alone at its clearings (CUDA graphs, TE < 1.8, ...)
     errors: int  # its own errors (each kind also logged once)
+    frozen_not_searched: int  # objects frozen by gc.freeze() when it armed: not searched for layers
 
 
 class TargetTotals(TypedDict):

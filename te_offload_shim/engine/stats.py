@@ -25,13 +25,14 @@ if TYPE_CHECKING:
     from te_offload_shim.te.report import CacheReport
 
 TABLE = ("calls", "cleared_calls", "entries", "modules", "bytes", "released_bytes", "skipped", "errors")
-NET = ("flushes", "cleared_flushes", "entries", "modules", "bytes", "skipped", "errors")
+NET = ("flushes", "cleared_flushes", "entries", "modules", "bytes", "primary_weight_cleared", "skipped", "errors")
+# and `frozen_not_searched`, set once when the net arms (`set_net`)
 
 
 def _zero() -> dict[str, Any]:
     return {
         "table": dict.fromkeys((*TABLE, "primary_weight_bytes"), 0),
-        "net": dict.fromkeys(NET, 0),
+        "net": dict.fromkeys((*NET, "frozen_not_searched"), 0),
         "by_target": {},
         "left_alone": {},  # target -> the reason its skip rule gave -> calls left alone
         "caching_off": {},  # TE layers whose caching is off by configuration, by reason, at the last call
@@ -105,16 +106,22 @@ def count_net(report: CacheReport, caller: str) -> int | None:
         net = _c["net"]
         net["skipped"] += len(report.skipped)
         net["errors"] += len(report.errors)
-        if not report.entries:
+        if not (report.entries or report.primary_weight_cleared):
             return None
         net["cleared_flushes"] += 1
-        for key in ("entries", "modules", "bytes"):
+        for key in ("entries", "modules", "bytes", "primary_weight_cleared"):
             net[key] += getattr(report, key)
         if len(_c["callers"]) < 16:
             _c["callers"].setdefault(caller, None)
         level = _first()
     write_file()
     return level
+
+
+def set_net(key: str, value: int) -> None:
+    """A figure of the net's arming (`frozen_not_searched`), not a count."""
+    with _lock:
+        _c["net"][key] = value
 
 
 def add(group: str, key: str) -> None:
@@ -167,7 +174,9 @@ def reset() -> None:
     from te_offload_shim.te import process_globals
 
     with _lock:
+        frozen = _c["net"]["frozen_not_searched"]  # a figure of the net's arming, not a count
         _c.update(_zero())
+        _c["net"]["frozen_not_searched"] = frozen
     process_globals.reset()
     if _switches.audit():
         from te_offload_shim.reports import audit

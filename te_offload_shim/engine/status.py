@@ -94,6 +94,7 @@ def net_row(installed: bool) -> NetRow:
         "layers": counts["modules"],
         "entries": counts["entries"],
         "bytes": counts["bytes"],
+        "primary_weight_cleared": counts["primary_weight_cleared"],
         "live_layers": layers.count(),
         "found_at_arming": arming["found"],
         "frozen_not_searched": arming["frozen"],

@@ -2,7 +2,8 @@
 model argument to start from.
 
 A layer is noted when it is built (the engine calls `note` from TE's base module class's
-`__init__`); layers built before that hook was in place are found once, by `find_existing`.
+`__init__`) or made without `__init__` (a copy, an unpickled layer: from its `__setstate__`); layers
+built before those hooks were in place are found once, by `find_existing`.
 Nothing here keeps a layer alive: a reference dies with its layer and drops out of the set.
 """
 

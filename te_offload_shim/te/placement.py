@@ -33,6 +33,7 @@ knowledge (integrations/flush.py), handed down by `know`: this module knows TE o
 
 from __future__ import annotations
 
+import operator
 import sys
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
@@ -153,24 +154,40 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
     object. Only when it does not answer "on" are all the layer's parameters read (`_decide`), and
     the probe moves to whichever is on the device. The storage's size, not the tensor's: the views
     megatron-core's buffer offload leaves keep their sizes (and `data_ptr()` their offsets) with a
-    zero-byte storage under them."""
+    zero-byte storage under them. A TE quantized parameter (an FP8 primary weight) takes the same
+    one look, at the inner data tensor its type keeps its bytes in (`_QUANTIZED`): on the device
+    with bytes there, it is on, as `_subclass_on_device` would find; a type not TE's takes the
+    full reading."""
     is_device = is_device or flag()
+    flagged = operator.attrgetter(is_device)
+    own = object.__getattribute__
     parameter: Any = _plain_types()[1]  # nn.Parameter exactly
+    quantized = _QUANTIZED.setdefault(is_device, {})
     found = []
     for entry in entries:
         layer = entry()
         if layer is None:
             continue
         try:
-            params = object.__getattribute__(layer, "__dict__")["_parameters"]
+            params = own(layer, "__dict__")["_parameters"]
             name = entry.probe
             if name is None:
                 name = next(iter(params), None)
                 if name is None:
                     continue  # no weights: nothing says it was offloaded
             p: Any = params.get(name)
-            if type(p) is parameter and getattr(p, is_device) and p.untyped_storage().nbytes():
-                continue  # on the device: the usual answer
+            kind = type(p)
+            if kind is parameter:
+                if flagged(p) and p.untyped_storage().nbytes():
+                    continue  # on the device: the usual answer
+            elif kind not in quantized:
+                quantized[kind] = _learn(p, is_device)  # a parameter type seen for the first time
+            elif (known := quantized[kind]) is not None:
+                field, outer = known
+                inner = own(p, "__dict__").get(field)
+                if inner is not None and (not outer or flagged(p)) and flagged(inner):
+                    if inner.untyped_storage().nbytes():
+                        continue  # an FP8 primary weight whose data is on the device
         except Exception:
             continue  # not knowing is "on"
         left, on = _decide(layer, is_device)
@@ -179,6 +196,30 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
         if left:
             found.append(layer)
     return found
+
+
+# The device flag -> parameter types seen by the check -> (the field TE's quantized type keeps its
+# data in, whether the wrapper's own device flag must be read too), or None: not TE's (or its first
+# instance had no such field set), no one look. The field is the one TE's `is_cuda` reads first
+# (Float8Tensor `_data`; MXFP8, Float8Blockwise, NVFP4 `_rowwise_data`: transformer_engine/pytorch/
+# tensor/*.py, 2.16 - 2.20), so where TE defines that flag as a property (2.16+) the wrapper's
+# answer is the field's and is not read again; before 2.16 it is torch's own flag, read as well.
+_QUANTIZED: dict[str, dict[type, tuple[str, bool] | None]] = {}
+
+
+def _learn(p: Any, is_device: str) -> tuple[str, bool] | None:
+    known = None
+    try:
+        kind = type(p)
+        if kind.__module__.startswith("transformer_engine.") and isinstance(p, _plain_types()[0]):
+            d = object.__getattribute__(p, "__dict__")
+            field = next((name for name in ("_data", "_rowwise_data") if name in d), None)
+            owner = next((k for k in kind.__mro__ if is_device in vars(k)), object)  # TE's property, or torch's
+            outer = not (isinstance(vars(owner)[is_device], property) and owner.__module__.startswith("transformer_"))
+            known = (field, outer) if field is not None and d[field] is not None else None
+    except Exception:
+        pass
+    return known
 
 
 def _plain_types() -> tuple[type, ...]:

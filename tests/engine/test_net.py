@@ -11,6 +11,7 @@ This module imports nothing heavy at its top: the fresh interpreters import it.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -388,6 +389,116 @@ def test_an_fp8_primary_weight_counts_by_the_bytes_of_its_inner_data() -> None:
     assert placement.offloaded([layer]) == [], "the bias still holds bytes: half on the device"
     layer.bias.data.untyped_storage().resize_(0)
     assert placement.offloaded([layer]) == [layer]
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_fp8_primary_weights_transposes_cleared_by_the_net_are_counted_logged_and_shown(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TE 2.20.2's own `Linear` under `quantized_model_init` (delayed scaling): no workspace entry,
+    the weight's transpose is what the net frees at the offload's flush. It is counted (a cleared
+    flush, its bytes in `primary_weight_cleared` of `status()["net"]` and `stats()["net"]`), the
+    first clearing logged once with its caller, and shown in `te-offload-shim status`. The net off
+    (`TE_OFFLOAD_SHIM_NET=0`) keeps the transposes: the baseline."""
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+    from harness import te_twin
+    from te_offload_shim import cli
+
+    te = net_case.load()
+    from transformer_engine.common.recipe import DelayedScaling
+
+    caplog.set_level(logging.INFO, logger="te_offload_shim")
+
+    def offloaded() -> Any:
+        with te_twin.model_init(DelayedScaling()):
+            layer = te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32)
+        net_case.forward(layer, is_first_microbatch=True)
+        assert type(layer.weight).__name__ == "Float8Tensor" and layer.weight._transpose is not None
+        assert not layer._fp8_workspaces, "an FP8 primary weight has no workspace entry"
+        layer.weight._data.untyped_storage().resize_(0)  # megatron-core's buffer offload of an FP8 weight
+        layer.bias.data.untyped_storage().resize_(0)
+        return layer
+
+    os.environ["TE_OFFLOAD_SHIM_NET"] = "0"
+    layer = offloaded()
+    _flush_from_an_unknown_offload()
+    assert layer.weight._transpose is not None, "the net off keeps the transpose"
+    del os.environ["TE_OFFLOAD_SHIM_NET"]
+    layer = offloaded()
+    transpose = layer.weight._transpose.untyped_storage().nbytes()
+    _flush_from_an_unknown_offload()
+    assert layer.weight._transpose is None, "the net dropped the transpose"
+
+    net = te_offload_shim.stats()["net"]
+    assert (net["cleared_flushes"], net["entries"], net["primary_weight_cleared"]) == (1, 0, transpose), net
+    row = te_offload_shim.status()["net"]
+    assert row["primary_weight_cleared"] == transpose and row["cleared_flushes"] == 1, row
+    line = _flush_from_an_unknown_offload.__code__.co_firstlineno + 3
+    assert row["callers"] == [f"{__file__}:{line} in _flush_from_an_unknown_offload"], row
+    said = _net_records(caplog)
+    assert len(said) == 1 and said[0].getMessage().endswith(
+        "an offload the target table does not know left the transposes of FP8 primary "
+        f"weights ({transpose / 1024:.2f} KiB); cleared at torch.cuda.empty_cache called from {row['callers'][0]}"
+    ), [r.getMessage() for r in said]
+    capsys.readouterr()
+    cli.main(["status"])
+    printed = [text for text in capsys.readouterr().out.splitlines() if text.startswith("flush net:")]
+    assert len(printed) == 1 and f"FP8 primary weights' transposes dropped ({transpose / 1024:.2f} KiB)" in printed[0]
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_the_checks_one_look_covers_tes_quantized_parameters() -> None:
+    """At a flush with nothing to clear, a layer whose weights are TE's quantized parameters (FP8
+    primary weights: Float8Tensor, Float8BlockwiseQTensor) is settled by one look at its weight's inner data,
+    as a plain parameter is, never by reading all its parameters (`_decide`); a tensor subclass
+    that is not TE's always takes the full reading; every answer is the full reading's."""
+    import torch
+    from support import net_case
+
+    from harness import te_twin
+    from te_offload_shim.te import placement
+
+    te = net_case.load()
+    from transformer_engine.common.recipe import DelayedScaling, Float8BlockScaling
+
+    built = []
+    for recipe in (DelayedScaling(), Float8BlockScaling()):
+        with te_twin.model_init(recipe):
+            built.append(te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32))
+    assert [type(layer.weight).__name__ for layer in built] == ["Float8Tensor", "Float8BlockwiseQTensor"]
+
+    class Foreign(torch.Tensor):  # a subclass not TE's, holding its bytes itself
+        pass
+
+    foreign = torch.nn.Linear(4, 4)
+    foreign.weight = torch.nn.Parameter(torch.ones(4, 4).as_subclass(Foreign))
+    entries = [placement._Held(layer) for layer in (*built, foreign)]
+    full = placement._decide
+    read: list[Any] = []
+
+    def counted(layer: Any, is_device: str) -> tuple[bool, str | None]:
+        read.append(layer)
+        return full(layer, is_device)
+
+    placement._decide = counted  # type: ignore[assignment]
+    try:
+        for _ in range(3):
+            assert placement.offloaded_entries(entries) == []
+        # the TE layers once each, at the first flush (their types learnt); the foreign one at every flush
+        assert read == [*built, foreign, foreign, foreign], read
+        read.clear()
+        for layer in built:
+            for name in placement.QUANTIZED_DATA:
+                if getattr(layer.weight, name, None) is not None:
+                    getattr(layer.weight, name).untyped_storage().resize_(0)
+            layer.bias.data.untyped_storage().resize_(0)
+        assert placement.offloaded_entries(entries) == built, "off: the full reading decides, for each layer"
+        assert read == [*built, foreign], read
+    finally:
+        placement._decide = full  # type: ignore[assignment]
 
 
 def test_a_layer_dying_after_the_registrys_globals_are_torn_down_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

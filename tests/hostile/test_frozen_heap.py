@@ -111,3 +111,47 @@ def test_a_search_that_finds_no_ddp_says_so_in_status_and_once_in_the_log(caplog
     row = next(r for r in shim.status()["targets"] if r["name"] == "megatron-core")
     assert row["state"] == "patched", row
     assert "OwnerNotFound" in row["detail"] and "no megatron DistributedDataParallel" in row["detail"], row
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_DISABLE": "*"})
+def test_the_net_armed_after_gc_freeze_says_what_it_did_not_search(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shim imported after TE and after `gc.freeze()` (vLLM's and SGLang's warm-up): the TE
+    layer built before is frozen, so the net cannot find it and its caches stay through an offload.
+    That is said: one warning (how many objects, what it means, the fix), the count in the net's
+    `status` row, its line of `te-offload-shim status`, and `stats()["net"]`. TE 2.20.2's own
+    `Linear` on the twin."""
+    import gc
+
+    from support import net_case
+
+    te = net_case.load()  # TE imported, the shim not yet
+    layer = net_case.cached_linear(te)
+    gc.freeze()
+    try:
+        frozen_before = gc.get_freeze_count()
+        caplog.set_level(logging.INFO, logger="te_offload_shim")
+        import te_offload_shim as shim
+        from te_offload_shim import cli
+
+        net_case.offload_like_areal(layer)
+        import torch
+
+        torch.cuda.empty_cache()
+    finally:
+        gc.unfreeze()
+    assert net_case.entries(layer) == 1, "the frozen layer was not found: its cache stays (what the warning says)"
+    said = [r for r in caplog.records if "gc.freeze()" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in said]
+    row = shim.status()["net"]
+    frozen = row["frozen_not_searched"]
+    assert row["state"] == "armed" and 0 < frozen <= frozen_before, row  # a frozen object may have died since
+    assert shim.stats()["net"]["frozen_not_searched"] == frozen
+    message = said[0].getMessage()
+    assert f"{frozen} objects frozen" in message and "import the shim at start-up" in message.lower(), message
+    assert "docs/cluster.md" in message, message
+    capsys.readouterr()
+    cli.main(["status"])
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("flush net:")]
+    assert len(printed) == 1 and f"{frozen} objects frozen by gc.freeze() not searched" in printed[0], printed

@@ -334,6 +334,43 @@ def test_a_profilers_wrapper_before_and_after_the_net() -> None:
     assert te_offload_shim.stats()["net"]["flushes"] == flushes, "the disarmed wrapper did not even look"
 
 
+@pytest.mark.parametrize("shape", ["global", "closure", "attribute"])
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_a_tracker_that_wrapped_the_flush_before_te_one_flush_is_one_check_and_uninstall_puts_it_back(
+    shape: str,
+) -> None:
+    """A memory tracker wrapped `torch.cuda.empty_cache` before TE's import, holding torch's own
+    `torch.cuda.memory.empty_cache` (which the net wraps apart, and whose aliases it rebinds) in a
+    module global, a closure, or by torch's attribute: whichever name is called, one flush is one
+    check and one count, the layer offloaded is cleared, the tracker runs once; `uninstall()` puts
+    back the tracker, torch's function and the tracker's global."""
+    import torch
+    from support import memory_tracker, net_case
+
+    import te_offload_shim
+
+    net_case.install_device()
+    torch_flush = torch.cuda.memory.empty_cache
+    tracked = memory_tracker.install(shape)
+    te = net_case.load()
+    assert torch.cuda.empty_cache is not tracked and torch.cuda.memory.empty_cache is not torch_flush, "both wrapped"
+    for flush in ("torch.cuda", "torch.cuda.memory", "torch.cuda", "torch.cuda.memory"):
+        layer = _offloaded(te)
+        flushes, trackings = te_offload_shim.stats()["net"]["flushes"], len(memory_tracker.calls)
+        (torch.cuda if flush == "torch.cuda" else torch.cuda.memory).empty_cache()
+        net = te_offload_shim.stats()["net"]
+        assert net["flushes"] == flushes + 1, f"{flush}.empty_cache(): {net['flushes'] - flushes} checks"
+        assert net_case.entries(layer) == 0
+        assert len(memory_tracker.calls) == trackings + (flush == "torch.cuda"), memory_tracker.calls
+    assert te_offload_shim.stats()["net"]["cleared_flushes"] == 4
+
+    te_offload_shim.uninstall()
+    assert torch.cuda.empty_cache is tracked and torch.cuda.memory.empty_cache is torch_flush
+    assert memory_tracker._saved is (torch_flush if shape == "global" else None)
+    assert vars(memory_tracker)["_tracked_global"].__module__ == "support.memory_tracker"
+    assert not hasattr(vars(memory_tracker)["_tracked_global"], "__wrapped__")
+
+
 @pytest.mark.subprocess(env=NO_TABLE)
 def test_the_flushs_own_exception_goes_through_untouched() -> None:
     import traceback

@@ -93,11 +93,14 @@ def test_walk_both_sides_clear_the_same_tree() -> None:
 def test_net_check_clears_nothing_on_the_device_and_without_te_the_flush_is_torchs_own() -> None:
     _verl("0.9.1")
     result, stdout = _run("net.py", "--quick")
-    assert [r["case"].split(":")[0] for r in result["rows"]] == ["nothing to clear"] * 2 + [
+    assert [r["case"].split(":")[0] for r in result["rows"]] == ["nothing to clear"] * 4 + [
         "arming after TE",
         "TE never imported",
     ]
     *checks, armed = result["cases"]
+    # the same model with plain weights, then with TE's own Float8Tensor as every weight (FP8 primary)
+    assert [c["fp8_primary_weights"] for c in checks] == [False, False, True, True], checks
+    assert all("FP8 primary weights" in r["case"] for r in result["rows"][2:4]), result["rows"]
     # the arming search found every TE layer of the model in the heap, and was timed against gc.collect
     assert armed["te_layers"] == checks[-1]["te_layers"] and armed["heap_objects"] > 10 * armed["te_layers"], armed
     assert armed["ours_s"] > 0 and armed["reference_s"] > 0
