@@ -6,7 +6,8 @@ TE's base `__init__`: `__reduce_ex__` gives `copyreg.__newobj__` (`cls.__new__`)
 put back by `nn.Module.__setstate__`. A layer built on the meta device and materialised by
 `nn.Module.to_empty` runs `__init__` once, on the meta device. On TE 2.20.2's own `Linear` (the
 CPU twin of its extension): each layer makes its FP8 workspace in a forward, every parameter is
-then swapped for a zero-byte CPU tensor (AReaL's and SkyRL's offload) and the allocator flushed;
+then moved off the device (to `meta`: on the twin every CPU tensor counts as of the device type)
+and the allocator flushed;
 with `TE_OFFLOAD_SHIM_NET=0` as the baseline every cache stays, with the net on none does. No
 table row is in play (`TE_OFFLOAD_SHIM_DISABLE=*`).
 """
@@ -59,12 +60,12 @@ def _forward(layer: Any) -> int:
 
 
 def _offload_and_flush(layers: list[Any]) -> list[int]:
-    """Every parameter swapped for a zero-byte CPU tensor, then the flush: the caches left per layer."""
+    """Every parameter moved off the device, then the flush: the caches left per layer."""
     import torch
 
     for layer in layers:
         for p in layer.parameters():
-            p.data = torch.empty(0, device="cpu")
+            p.data = p.data.to("meta")
     torch.cuda.empty_cache()
     return [len(layer.__dict__["_fp8_workspaces"]) for layer in layers]
 
