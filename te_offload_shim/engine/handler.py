@@ -364,8 +364,3 @@ def describe_error(exc: BaseException) -> str:
         return f"{type(exc).__name__}: {exc}"
     except Exception:
         return type(exc).__name__
-
-
-def make_handler(target: Target, signature: inspect.Signature, binding: str, record: Record) -> Handler:
-    """The wrapt wrapper function for `target`."""
-    return Handler(target, signature, binding, record)

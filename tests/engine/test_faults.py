@@ -269,7 +269,7 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
     import torch
 
     from harness import te_standins as te
-    from te_offload_shim.engine.handler import make_handler
+    from te_offload_shim.engine.handler import Handler
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.integrations import ray  # noqa: F401  (declares the keyword to the engine)
     from te_offload_shim.integrations.targets import Target
@@ -285,7 +285,7 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
 
     target = Target("tracing", __name__, "Actor.sleep", "self.model")
     record = Record("target", Actor, "sleep", Actor.sleep, target=target.name)
-    handler = make_handler(target, inspect.signature(Actor.sleep), "method", record)
+    handler = Handler(target, inspect.signature(Actor.sleep), "method", record)
     actor = Actor()
     seen: list[dict[str, Any]] = []
 

@@ -169,7 +169,7 @@ def test_a_call_left_alone_is_counted_and_logged_with_its_reason(caplog: pytest.
         "skipper", __name__, "offload", "models", skip=lambda call: None if call["weights"] else "weights=False"
     )
     record = Record("target", None, "offload", offload, target=target.name)
-    wrapper = handler.make_handler(target, inspect.signature(offload), "function", record)
+    wrapper = handler.Handler(target, inspect.signature(offload), "function", record)
     layer = te.TELinearStandIn(4, 4)
     handler.reset_stats()
     try:
