@@ -85,22 +85,9 @@ def parse_where(text: str) -> Where:
 
 
 class Target:
-    """One patchable entry point."""
-
-    __slots__ = (
-        "attribute",
-        "distribution",
-        "fixed_in",
-        "fixed_marker",
-        "module",
-        "name",
-        "note",
-        "resolve",
-        "skip",
-        "supported",
-        "user",
-        "where",
-    )
+    """One patchable entry point. `requires` is a requirement string, `verl>=0.4.0`: the
+    distribution whose installed version `status` checks, then the releases the entry point exists
+    in as described (a PEP 440 specifier set); either part may be left out (integrations/targets.py)."""
 
     def __init__(
         self,
@@ -109,8 +96,7 @@ class Target:
         attribute: str,
         where: str = "",
         *,
-        distribution: str | None = None,
-        supported: str | None = None,
+        requires: str = "",
         fixed_in: str | None = None,
         fixed_marker: str | None = None,
         note: str = "",
@@ -122,8 +108,9 @@ class Target:
         self.module = module
         self.attribute = attribute
         self.where = parse_where(where)
-        self.distribution = distribution
-        self.supported = supported
+        cut = next((i for i, c in enumerate(requires) if c in "<>=!~"), len(requires))
+        self.distribution = requires[:cut] or None
+        self.supported = requires[cut:] or None
         self.fixed_in = fixed_in
         self.fixed_marker = fixed_marker
         self.note = note
