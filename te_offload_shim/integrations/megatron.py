@@ -49,24 +49,8 @@ _DDP_MODULES = (
 
 
 def _ddp_classes() -> tuple[type, ...]:
-    found = []
-    for name in _DDP_MODULES:
-        cls = getattr(sys.modules.get(name), "DistributedDataParallel", None)
-        if isinstance(cls, type) and cls not in found:
-            found.append(cls)
-    return tuple(found)
-
-
-def _buffers_of(ddp: Any) -> list[Any]:
-    return ddp_buffers(ddp.__dict__)
-
-
-def register(ddp: Any) -> None:
-    """Remember `ddp` as the owner of its buffers."""
-    ref = weakref.ref(ddp)
-    with _lock:
-        for buffer in _buffers_of(ddp):
-            _owners[buffer] = ref
+    found = {getattr(sys.modules.get(name), "DistributedDataParallel", None) for name in _DDP_MODULES}
+    return tuple(cls for cls in found if isinstance(cls, type))
 
 
 class OwnerSearchFailed(RuntimeError):
@@ -78,16 +62,20 @@ class OwnerNotFound(LookupError):
 
 
 def _register_all(objects: list[Any], classes: tuple[type, ...]) -> None:
-    """Remember the owner of every DDP among `objects` (by type alone: see the module's docstring)."""
+    """Remember the owner of the buffers of every DDP among `objects` (by type alone: see the
+    module's docstring)."""
     kinds = {cls for cls in set(map(type, objects)) if issubclass(cls, classes)}
     if not kinds:
         return
     for obj in objects:
         if type(obj) in kinds:
             try:
-                register(obj)
+                buffers = ddp_buffers(obj.__dict__)
             except Exception:  # one DDP whose buffers cannot be read costs only itself
                 continue
+            with _lock:
+                for buffer in buffers:
+                    _owners[buffer] = weakref.ref(obj)
 
 
 def _scan() -> None:

@@ -70,6 +70,5 @@ def miles_clears_itself(call: Mapping[str, Any]) -> str | None:
     return None
 
 
-def megatron_buffer_modules(buffer: Any) -> tuple[Any, list[Any]]:
-    """megatron-core: only the TE layers whose weights live in the offloaded buffer."""
-    return modules_of_buffer(buffer)
+# megatron-core: only the TE layers whose weights live in the offloaded buffer
+megatron_buffer_modules = modules_of_buffer
