@@ -215,7 +215,7 @@ def _our_ray_hook_ran() -> bool:
 
 def routes(environ: Any = None) -> dict[str, Any]:
     """The activation routes in force for this interpreter and the processes it starts."""
-    from te_offload_shim.integrations import ray
+    from te_offload_shim.integrations import ray_runtime_env as ray
 
     env = os.environ if environ is None else environ
     external = [m.strip() for m in env.get(VERL_EXTERNAL, "").split(",") if m.strip()]

@@ -25,20 +25,15 @@ made with `@ray.remote` is patched through `__ray_metadata__.modified_class`, an
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from te_offload_shim._log import warn_once
 from te_offload_shim.engine import integration_hints, registry
 from te_offload_shim.engine.fail_open import fail_open
 
-# engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap:
-# the constants and the runtime_env rules here are read by `te-offload-shim status`
-# (activation/pth.py), which may not load wrapt.
+# engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap.
 
-RAY_HOOK = "te_offload_shim.ray_setup"
 # With Ray tracing on, actor methods get this keyword through Ray's tracing closure: not a model argument.
 TRACE_CTX_KEYWORD = "_ray_trace_ctx"
 
@@ -53,9 +48,6 @@ def remote_user_class(obj: object) -> type | None:
 integration_hints.ignore_keyword(TRACE_CTX_KEYWORD)
 integration_hints.find_classes_with(remote_user_class)
 
-
-HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
-_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set for the entrypoint of a `ray job submit`
 
 # --- actor classes: the by-value method copies -------------------------------------------------
 
@@ -126,83 +118,16 @@ def on_function_manager_import(module: ModuleType) -> None:
                 _wrap("ray-loader", manager, name, ref, _loader_handler)
 
 
-# --- ray.init: our setup hook in the job's runtime_env --------------------------------------------
-
-
-def _existing_hook(runtime_env: Any) -> object:
-    if not isinstance(runtime_env, dict):
-        return None
-    hook = runtime_env.get("worker_process_setup_hook")
-    if hook is None:
-        env_vars = runtime_env.get("env_vars") or {}
-        hook = env_vars.get(HOOK_ENV_VAR) if isinstance(env_vars, dict) else None
-    return hook
-
-
-def _submitted_job_env() -> dict[str, Any] | None:
-    """The runtime_env of a `ray job submit`, which Ray merges with ray.init's (a clash is an error)."""
-    raw = os.environ.get(_JOB_CONFIG_ENV_VAR)
-    if not raw:
-        return None
-    import json
-
-    try:
-        env = json.loads(raw).get("runtime_env") or {}
-    except (ValueError, AttributeError):
-        return {"unreadable": True}
-    return env if isinstance(env, dict) else {"unreadable": True}
-
-
-def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`ray.init`'s keyword arguments with our hook added to the runtime_env, or unchanged (with a
-    log line saying why) when the user or the submitted job already has a hook."""
-    from te_offload_shim.integrations import ray_runtime_env  # a driver's, once: not in every worker
-
-    submitted = _submitted_job_env()
-    runtime_env = kwargs.get("runtime_env")
-    if runtime_env is None:
-        job_config = kwargs.get("job_config")
-        # ray.init's runtime_env replaces the JobConfig's: start from the JobConfig's so nothing is lost.
-        base = getattr(job_config, "runtime_env", None) if submitted is None else None
-        runtime_env = dict(base) if isinstance(base, dict) else {}
-    elif not isinstance(runtime_env, dict):
-        return kwargs
-    for source in (runtime_env, submitted):
-        hook = _existing_hook(source)
-        if hook is None:
-            continue
-        if not ray_runtime_env.is_ours(hook):
-            warn_once(
-                "ray-hook-taken",
-                "te_offload_shim: the Ray job already has worker_process_setup_hook=%r; not adding %s. "
-                "Chain it: call te_offload_shim.ray_setup() first thing in your hook, or set "
-                "env_vars VERL_USE_EXTERNAL_MODULES=te_offload_shim (verl) / PYTHONPATH to the sitecustomize "
-                "bootstrap (te-offload-shim run).",
-                hook,
-                RAY_HOOK,
-            )
-        return kwargs
-    if submitted is not None and submitted.get("unreadable"):
-        return kwargs
-    if swapping := ray_runtime_env.env_swapping(runtime_env, submitted):
-        warn_once(
-            "ray-hook-env",
-            "te_offload_shim: the Ray job's runtime_env sets %s (another Python environment); not adding the "
-            "setup hook. Where te_offload_shim is installed there, pass worker_process_setup_hook=%r yourself.",
-            ", ".join(swapping),
-            RAY_HOOK,
-        )
-        return kwargs
-    new_env = dict(runtime_env)
-    new_env["worker_process_setup_hook"] = ray_runtime_env.worker_hook()  # fails open where it cannot import us
-    return {**kwargs, "runtime_env": new_env}
+# --- ray.init: our setup hook in the job's runtime_env (integrations/ray_runtime_env.py) ---------
 
 
 def _init_handler(record: registry.Record) -> Callable[..., Any]:
     def handler(wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict) -> Any:
         if record.armed and registry.active():
             try:
-                kwargs = with_setup_hook(kwargs)
+                from te_offload_shim.integrations import ray_runtime_env  # a driver's, once: not in every worker
+
+                kwargs = ray_runtime_env.with_setup_hook(kwargs)
             except Exception as exc:  # ray.init must go on whatever happens here
                 fail_open(exc, "ray-hook-error", "te_offload_shim: could not add the Ray setup hook: %r", exc)
         return wrapped(*args, **kwargs)
