@@ -19,7 +19,7 @@ from te_offload_shim._locks import Lock, held_here
 from te_offload_shim._log import first_line_level, human_bytes, log, rank_prefix, warn_once
 from te_offload_shim._reload import kept
 from te_offload_shim._signals import raised_by_signal_handler
-from te_offload_shim.engine import integration_hints, registry
+from te_offload_shim.engine import attributes, registry
 from te_offload_shim.te import caches, process_globals
 from te_offload_shim.te.caching_off import describe
 from te_offload_shim.te.chunks import as_chunks
@@ -251,7 +251,7 @@ class Handler:
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
         if self.takes_self and instance is not None:
             args = (instance, *args)
-        ignored = integration_hints.ignored_keywords()  # keywords a framework adds (Ray's tracing): no model argument
+        ignored = attributes.ignored_keywords  # keywords a framework adds (Ray's tracing): no model argument
         if ignored and not ignored.isdisjoint(kwargs):
             own = self.signature.parameters
             kwargs = {k: v for k, v in kwargs.items() if k not in ignored or k in own}

@@ -16,7 +16,7 @@ class they return, wrap every copy of a method we patched: a copy is recognised 
 qualified name (the `__wrapped__` chain of the tracing closure ends in the copied function).
 
 What Ray does to a patched entry point, told to the engine through its integration hints
-(engine/integration_hints.py) when this module loads (the start-up watches `ray` ahead of the
+(engine/attributes.py) when this module loads (the start-up watches `ray` ahead of the
 table's modules, so that happens before any target of a module that imports Ray is patched): a class
 made with `@ray.remote` is patched through `__ray_metadata__.modified_class`, and Ray's
 `_ray_trace_ctx` keyword is not a model argument.
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from te_offload_shim.engine import integration_hints, registry
+from te_offload_shim.engine import attributes, registry
 from te_offload_shim.engine.fail_open import fail_open
 
 # engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap.
@@ -45,8 +45,8 @@ def remote_user_class(obj: object) -> type | None:
     return cls if isinstance(cls, type) else None
 
 
-integration_hints.ignore_keyword(TRACE_CTX_KEYWORD)
-integration_hints.find_classes_with(remote_user_class)
+attributes.ignore_keyword(TRACE_CTX_KEYWORD)
+attributes.find_classes_with(remote_user_class)
 
 
 # --- actor classes: the by-value method copies -------------------------------------------------
