@@ -150,14 +150,12 @@ def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
             continue
         path, _, where = entry.partition("@")
         module, sep, attribute = path.partition(":")
-        if not sep or not all(p.isidentifier() for p in module.split(".")):
-            problems.append(f"{entry!r}: expected pkg.module:function or pkg.module:Class.method")
-            continue
         parts = attribute.split(".")
-        if len(parts) > 2 or not all(p.isidentifier() for p in parts):
-            problems.append(f"{entry!r}: attribute must be function or Class.method")
-            continue
         try:
+            if not sep or not all(p.isidentifier() for p in module.split(".")):
+                raise ValueError("expected pkg.module:function or pkg.module:Class.method")
+            if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+                raise ValueError("attribute must be function or Class.method")
             targets.append(Target(path, module, attribute, where, user=True))
         except ValueError as exc:
             problems.append(f"{entry!r}: {exc}")
