@@ -21,7 +21,7 @@ loading wrapt, torch or a framework.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -31,19 +31,13 @@ if TYPE_CHECKING:
     Resolve = Callable[[Any], tuple[Any, Any]]
 
 
-class Where:
+class Where(NamedTuple):
     """A parsed `where` spec."""
 
-    __slots__ = ("call", "path", "root", "text")
-
-    def __init__(self, root: str, path: tuple[str, ...], call: bool, text: str) -> None:
-        self.root = root
-        self.path = path
-        self.call = call
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"Where({self.text!r})"
+    root: str
+    path: tuple[str, ...]
+    call: bool
+    text: str
 
     def parameter(self, names: list[str], is_method: bool) -> str | None:
         """The parameter the spec starts from, given the function's parameter names; `argN`

@@ -51,8 +51,8 @@ class _Same:
 
     __slots__ = ()
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return self.__reduce_ex__(2)  # type: ignore[attr-defined]
+    def __reduce__(self) -> Any:
+        return self.__reduce_ex__(2)
 
     def __copy__(self) -> Any:
         return self
