@@ -145,19 +145,12 @@ def owner_of(buffer: Any) -> Any:
     never will (megatron-core builds `_ParamAndGradBuffer`s only there: a user's own), and one whose
     DDP is gone never will again: remember both, or every offload would search the whole heap again."""
     with _lock:
-        if buffer in _orphans:
-            return None
-        ref = _owners.get(buffer)
-        if ref is not None:
-            owner = ref()
-            if owner is None:
-                del _owners[buffer]
-                _orphans.add(buffer)
-            return owner
+        searched = buffer in _orphans or buffer in _owners
     frozen = gc.get_freeze_count()
     try:
-        _scan()
-        if frozen and buffer not in _owners:
+        if not searched:
+            _scan()
+        if not searched and frozen and buffer not in _owners:
             _search_from_roots(buffer)
     except Exception as exc:
         with _lock:
@@ -169,10 +162,10 @@ def owner_of(buffer: Any) -> Any:
     with _lock:
         ref = _owners.get(buffer)
         owner = ref() if ref is not None else None
-        if owner is None:
+        if owner is None:  # none found, or its DDP is gone: never searched for again
             _owners.pop(buffer, None)
             _orphans.add(buffer)
-    if owner is None:
+    if owner is None and not searched:
         where = f"the heap ({frozen} objects frozen by gc.freeze(), searched from the roots)" if frozen else "the heap"
         raise OwnerNotFound(
             f"no megatron DistributedDataParallel in {where} holds the offloaded {type(buffer).__name__}; "
