@@ -130,7 +130,7 @@ def nfkc(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
 
-def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
+def parse_user_targets(text: str) -> tuple[tuple[Target, ...], list[str]]:
     """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
 
     Returns the good entries and one message per malformed entry (the others still work). Names are
@@ -153,4 +153,4 @@ def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
             targets.append(Target(path, module, attribute, where, user=True))
         except ValueError as exc:
             problems.append(f"{entry!r}: {exc}")
-    return targets, problems
+    return tuple(targets), problems
