@@ -88,13 +88,13 @@ def _shim_alone(models: list[Any], original: Any, refills: list[tuple[dict, dict
 
     from _common import timed
 
-    from te_offload_shim.engine.handler import make_handler
+    from te_offload_shim.engine.handler import Handler
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.integrations.targets import BUILTIN
 
     target = next(t for t in BUILTIN if t.name == "verl")
     record = Record("target", None, target.attribute, original, target=target.name)
-    handler = make_handler(target, inspect.signature(original), "function", record)
+    handler = Handler(target, inspect.signature(original), "function", record)
     samples = []
     for _ in range(max(repeats, 5)):
         for ws, saved in refills:

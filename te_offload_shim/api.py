@@ -94,20 +94,20 @@ def clear_fp8_workspaces(models: object, *, strict: bool | None = None) -> Cache
     """Drop TE's cached FP8 weight copies in `models` now; returns what was cleared and skipped."""
     import te_offload_shim.integrations  # noqa: F401  # loading it tells the engine the frameworks' graph marks
     from te_offload_shim import _switches
-    from te_offload_shim.engine import integration_hints
+    from te_offload_shim.engine import attributes
     from te_offload_shim.te.caches import clear_fp8_workspaces as clear
 
     strict = _switches.strict() if strict is None else strict
-    return clear(models, graphs=integration_hints.cuda_graphs(), strict=strict)
+    return clear(models, graphs=attributes.cuda_graphs(), strict=strict)
 
 
 def scan(models: object) -> CacheReport:
     """What `clear_fp8_workspaces(models)` would clear, changing nothing."""
     import te_offload_shim.integrations  # noqa: F401  # loading it tells the engine the frameworks' graph marks
-    from te_offload_shim.engine import integration_hints
+    from te_offload_shim.engine import attributes
     from te_offload_shim.te.caches import scan as scan_
 
-    return scan_(models, graphs=integration_hints.cuda_graphs())
+    return scan_(models, graphs=attributes.cuda_graphs())
 
 
 def residue(models: object, *, device_type: str | None = None) -> ResidueReport:

@@ -202,7 +202,7 @@ def in_force(files: list[dict[str, Any]]) -> bool:
 def routes(environ: Any = None) -> dict[str, Any]:
     """The activation routes in force for this interpreter and the processes it starts."""
     from te_offload_shim.activation import ray_worker  # its flag only: importing it runs nothing
-    from te_offload_shim.integrations import ray
+    from te_offload_shim.integrations import ray_runtime_env as ray
 
     env = os.environ if environ is None else environ
     external = [m.strip() for m in env.get(VERL_EXTERNAL, "").split(",") if m.strip()]

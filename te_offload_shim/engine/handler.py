@@ -19,7 +19,7 @@ from te_offload_shim._locks import held_here
 from te_offload_shim._log import human_bytes, log, warn_once
 from te_offload_shim._reload import kept
 from te_offload_shim._signals import raised_by_signal_handler
-from te_offload_shim.engine import integration_hints, registry, stats
+from te_offload_shim.engine import attributes, registry, stats
 from te_offload_shim.te import caches, process_globals
 from te_offload_shim.te.caching_off import describe
 from te_offload_shim.te.chunks import as_chunks
@@ -161,7 +161,7 @@ class Handler:
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
         if self.takes_self and instance is not None:
             args = (instance, *args)
-        ignored = integration_hints.ignored_keywords()  # keywords a framework adds (Ray's tracing): no model argument
+        ignored = attributes.ignored_keywords  # keywords a framework adds (Ray's tracing): no model argument
         if ignored and not ignored.isdisjoint(kwargs):
             own = self.signature.parameters
             kwargs = {k: v for k, v in kwargs.items() if k not in ignored or k in own}
@@ -234,7 +234,7 @@ class Handler:
             models = chunks
         # The chunks are split once per call, here: the clearing takes them as they are.
         report = caches.clear_chunks(
-            chunks, refused, graphs=integration_hints.cuda_graphs(), params=params, strict=_switches.strict()
+            chunks, refused, graphs=attributes.cuda_graphs(), params=params, strict=_switches.strict()
         )
         _count_clearing(target, report)
         if _switches.te_globals():  # opt-in: TE's re-creatable globals too, after the caches
@@ -276,8 +276,3 @@ def describe_error(exc: BaseException) -> str:
         return f"{type(exc).__name__}: {exc}"
     except Exception:
         return type(exc).__name__
-
-
-def make_handler(target: Target, signature: inspect.Signature, binding: str, record: Record) -> Handler:
-    """The wrapt wrapper function for `target`."""
-    return Handler(target, signature, binding, record)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from te_offload_shim import _switches
 from te_offload_shim._log import human_bytes, log, warn_once
 from te_offload_shim._reload import kept
-from te_offload_shim.engine import integration_hints, registry, stats
+from te_offload_shim.engine import attributes, registry, stats
 from te_offload_shim.te import caches, layers, placement
 
 if TYPE_CHECKING:
@@ -212,7 +212,7 @@ def _before_flush(label: str) -> None:
         stats.add("net", "flushes")
         offloaded = placement.offloaded_entries(layers.entries())
         if offloaded:
-            report = caches.clear_layers(offloaded, graphs=integration_hints.cuda_graphs(), strict=_switches.strict())
+            report = caches.clear_layers(offloaded, graphs=attributes.cuda_graphs(), strict=_switches.strict())
             _cleared(label, report)
     except Exception as exc:
         if _switches.strict():

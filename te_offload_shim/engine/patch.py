@@ -15,7 +15,7 @@ from te_offload_shim import _log, _switches
 from te_offload_shim._signals import raised_by_signal_handler
 from te_offload_shim.engine import registry
 from te_offload_shim.engine.attributes import binding_of, owner_of
-from te_offload_shim.engine.handler import make_handler
+from te_offload_shim.engine.handler import Handler
 from te_offload_shim.engine.wrapper import ShimWrapper, armed_layers, is_ours, shim_layers
 
 if TYPE_CHECKING:
@@ -80,13 +80,12 @@ def _apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
     if not callable(function):
         return "error", f"{target.attribute} is a {type(raw).__name__}, not callable"
     signature = inspect.signature(function)
-    takes_self = binding in ("method", "classmethod")
-    if target.where.parameter(list(signature.parameters), takes_self) is None:
-        spec = target.where.text or target.where.root
-        return "error", f"models spec {spec!r} names no parameter of {target.attribute}{signature}"
     ref = (owner.__module__, f"{owner.__qualname__}.{name}") if isinstance(owner, type) else (module.__name__, name)
     record = registry.Record(PATCH_KIND, owner, name, raw, target=target.name, aliases=not isinstance(owner, type))
-    record.handler = make_handler(target, signature, binding, record)
+    record.handler = Handler(target, signature, binding, record)
+    if not record.handler.root:
+        spec = target.where.text or target.where.root
+        return "error", f"models spec {spec!r} names no parameter of {target.attribute}{signature}"
     wrapper = ShimWrapper(raw, record.handler, record, ref)
 
     def put_in_place() -> None:

@@ -20,15 +20,14 @@ from te_offload_shim._locks import Lock
 from te_offload_shim._reload import kept
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from typing import Any
 
     from te_offload_shim.engine.states import TargetState
 
 # The state below outlives a reload of this module (`kept`), or uninstall() and status() would lose
 # what was patched.
-_lock = kept(globals(), "_lock", Lock)
-lock = _lock  # held across a whole patch: check, record, put in place
+lock = kept(globals(), "lock", Lock)  # held across a whole patch: check, record, put in place
 _records: list[Record] = kept(globals(), "_records", list)
 _states: dict[str, tuple[TargetState, str]] = kept(globals(), "_states", dict)
 _failed_clearings: dict[str, tuple[int, str]] = kept(
@@ -126,7 +125,7 @@ def active() -> bool:
 def add(record: Record, replacement: Any, apply: Callable[[], None]) -> bool:
     """Record `record`, then run `apply` (which puts `replacement` in place), under the registry
     lock; False (and nothing done) once the shim is uninstalled, so no patch lands after that."""
-    with _lock:
+    with lock:
         if not active():
             return False
         record.replacement = replacement
@@ -136,37 +135,37 @@ def add(record: Record, replacement: Any, apply: Callable[[], None]) -> bool:
 
 
 def records(kind: str | None = None) -> list[Record]:
-    with _lock:
+    with lock:
         return [r for r in _records if kind is None or r.kind == kind]
 
 
 def set_state(target: str, state: TargetState, detail: str = "") -> None:
-    with _lock:
+    with lock:
         _states[target] = (state, detail)
 
 
 def state(target: str) -> tuple[TargetState, str] | None:
-    with _lock:
+    with lock:
         return _states.get(target)
 
 
 def clearing_failed(target: str, why: str) -> None:
     """A call of `target` whose clearing failed open (the offload went on without it): for status()."""
-    with _lock:
+    with lock:
         count = _failed_clearings.get(target, (0, ""))[0]
         _failed_clearings[target] = (count + 1, why)
 
 
 def failed_clearings(target: str) -> tuple[int, str] | None:
     """(how many calls of `target` failed to clear, why the latest did), or None."""
-    with _lock:
+    with lock:
         return _failed_clearings.get(target)
 
 
 def deactivate() -> tuple[int, list[str]]:
     """Disarm every record, then undo each (newest first). Returns (attributes restored, errors):
     one patch that cannot be undone does not keep the others in place."""
-    with _lock:
+    with lock:
         taken = list(_records)
         for record in taken:
             record.armed = False
@@ -181,9 +180,3 @@ def deactivate() -> tuple[int, list[str]]:
         except Exception as exc:
             errors.append(f"{record.kind} {record.name}: {type(exc).__name__}: {exc}")
     return restored, errors
-
-
-def iter_armed(kind: str) -> Iterator[Record]:
-    with _lock:
-        found = [r for r in _records if r.kind == kind and r.armed]
-    yield from found

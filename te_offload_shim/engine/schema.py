@@ -21,7 +21,7 @@ loading wrapt, torch or a framework.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -31,19 +31,13 @@ if TYPE_CHECKING:
     Resolve = Callable[[Any], tuple[Any, Any]]
 
 
-class Where:
+class Where(NamedTuple):
     """A parsed `where` spec."""
 
-    __slots__ = ("call", "path", "root", "text")
-
-    def __init__(self, root: str, path: tuple[str, ...], call: bool, text: str) -> None:
-        self.root = root
-        self.path = path
-        self.call = call
-        self.text = text
-
-    def __repr__(self) -> str:
-        return f"Where({self.text!r})"
+    root: str
+    path: tuple[str, ...]
+    call: bool
+    text: str
 
     def parameter(self, names: list[str], is_method: bool) -> str | None:
         """The parameter the spec starts from, given the function's parameter names; `argN`
@@ -85,22 +79,9 @@ def parse_where(text: str) -> Where:
 
 
 class Target:
-    """One patchable entry point."""
-
-    __slots__ = (
-        "attribute",
-        "distribution",
-        "fixed_in",
-        "fixed_marker",
-        "module",
-        "name",
-        "note",
-        "resolve",
-        "skip",
-        "supported",
-        "user",
-        "where",
-    )
+    """One patchable entry point. `requires` is a requirement string, `verl>=0.4.0`: the
+    distribution whose installed version `status` checks, then the releases the entry point exists
+    in as described (a PEP 440 specifier set); either part may be left out (integrations/targets.py)."""
 
     def __init__(
         self,
@@ -109,8 +90,7 @@ class Target:
         attribute: str,
         where: str = "",
         *,
-        distribution: str | None = None,
-        supported: str | None = None,
+        requires: str = "",
         fixed_in: str | None = None,
         fixed_marker: str | None = None,
         note: str = "",
@@ -122,8 +102,9 @@ class Target:
         self.module = module
         self.attribute = attribute
         self.where = parse_where(where)
-        self.distribution = distribution
-        self.supported = supported
+        cut = next((i for i, c in enumerate(requires) if c in "<>=!~"), len(requires))
+        self.distribution = requires[:cut] or None
+        self.supported = requires[cut:] or None
         self.fixed_in = fixed_in
         self.fixed_marker = fixed_marker
         self.note = note
@@ -149,7 +130,7 @@ def nfkc(text: str) -> str:
     return unicodedata.normalize("NFKC", text)
 
 
-def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
+def parse_user_targets(text: str) -> tuple[tuple[Target, ...], list[str]]:
     """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
 
     Returns the good entries and one message per malformed entry (the others still work). Names are
@@ -163,15 +144,13 @@ def parse_user_targets(text: str) -> tuple[list[Target], list[str]]:
             continue
         path, _, where = entry.partition("@")
         module, sep, attribute = path.partition(":")
-        if not sep or not all(p.isidentifier() for p in module.split(".")):
-            problems.append(f"{entry!r}: expected pkg.module:function or pkg.module:Class.method")
-            continue
         parts = attribute.split(".")
-        if len(parts) > 2 or not all(p.isidentifier() for p in parts):
-            problems.append(f"{entry!r}: attribute must be function or Class.method")
-            continue
         try:
+            if not sep or not all(p.isidentifier() for p in module.split(".")):
+                raise ValueError("expected pkg.module:function or pkg.module:Class.method")
+            if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+                raise ValueError("attribute must be function or Class.method")
             targets.append(Target(path, module, attribute, where, user=True))
         except ValueError as exc:
             problems.append(f"{entry!r}: {exc}")
-    return targets, problems
+    return tuple(targets), problems

@@ -45,23 +45,30 @@ def reference(module: str, qualname: str) -> tuple[Any, tuple[Any, ...]]:
     return _Ref(module, tuple(qualname.split("."))).__reduce__()
 
 
-class _BoundShimWrapper(wrapt.BoundFunctionWrapper):  # type: ignore[misc]
+class _Same:
+    """`copy.copy` / `copy.deepcopy` return the object itself, as they do for functions (wrapt's proxy
+    refuses both); `__reduce__` is `__reduce_ex__` (wrapt's proxy refuses both too)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> Any:
+        return self.__reduce_ex__(2)
+
+    def __copy__(self) -> Any:
+        return self
+
+    def __deepcopy__(self, memo: object) -> Any:
+        return self
+
+
+class _BoundShimWrapper(_Same, wrapt.BoundFunctionWrapper):  # type: ignore[misc]
     def __reduce_ex__(self, protocol: object) -> tuple[Any, tuple[Any, ...]]:
         record: Record = self._self_parent._self_record
         holder = self._self_instance if self._self_instance is not None else record.owner
         return getattr, (holder, record.name)
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return self.__reduce_ex__(2)
 
-    def __copy__(self) -> _BoundShimWrapper:
-        return self
-
-    def __deepcopy__(self, memo: object) -> _BoundShimWrapper:
-        return self
-
-
-class ShimWrapper(wrapt.FunctionWrapper):  # type: ignore[misc]
+class ShimWrapper(_Same, wrapt.FunctionWrapper):  # type: ignore[misc]
     """`record.original` wrapped by `handler(wrapped, instance, args, kwargs)`; `ref` is the
     (module, qualname) it pickles as."""
 
@@ -83,15 +90,6 @@ class ShimWrapper(wrapt.FunctionWrapper):  # type: ignore[misc]
     def __reduce_ex__(self, protocol: object) -> tuple[Any, tuple[Any, ...]]:
         return reference(*self._self_ref)
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return reference(*self._self_ref)
-
-    def __copy__(self) -> ShimWrapper:
-        return self
-
-    def __deepcopy__(self, memo: object) -> ShimWrapper:
-        return self
-
 
 # Ours by the class's name in this module, not by identity: a reloaded module has new classes, and
 # the wrappers made before the reload are ours all the same (patching must not stack another).
@@ -103,20 +101,11 @@ def is_ours(obj: object) -> bool:
     return cls.__qualname__ in _OURS and cls.__module__ == __name__
 
 
-def _armed(obj: object) -> bool:
-    cls = type(obj)
-    return cls.__qualname__ == "ShimWrapper" and cls.__module__ == __name__ and obj._self_record.armed  # type: ignore[attr-defined]
-
-
-def unwrap_descriptor(obj: Any) -> Any:
-    """The function inside a staticmethod/classmethod, or `obj` itself."""
-    # type(), not isinstance(): a proxy (ours included) claims the class of what it wraps
-    return obj.__func__ if issubclass(type(obj), (staticmethod, classmethod)) else obj
-
-
-def _chain(obj: object) -> Iterator[object]:
+def _chain(obj: Any) -> Iterator[object]:
     """`obj` and everything down its `__wrapped__` chain (through a staticmethod/classmethod)."""
-    obj = unwrap_descriptor(obj)
+    # type(), not isinstance(): a proxy (ours included) claims the class of what it wraps
+    if issubclass(type(obj), (staticmethod, classmethod)):
+        obj = obj.__func__
     for _ in range(16):
         yield obj
         try:
@@ -127,6 +116,13 @@ def _chain(obj: object) -> Iterator[object]:
             return
 
 
+def origin(obj: object) -> tuple[str, str]:
+    """(module, qualified name) of the function at the end of `obj`'s `__wrapped__` chain: how a
+    copy of a function (Ray's tracing closure around it) is recognised."""
+    *_, last = _chain(obj)
+    return getattr(last, "__module__", ""), getattr(last, "__qualname__", "")
+
+
 def shim_layers(obj: object) -> int:
     """How many of our wrappers are stacked in `obj`, looking through any `__wrapped__` chain and
     through a staticmethod/classmethod."""
@@ -135,4 +131,8 @@ def shim_layers(obj: object) -> int:
 
 def armed_layers(obj: object) -> int:
     """Like `shim_layers`, counting only wrappers whose record is still armed."""
-    return sum(1 for o in _chain(obj) if _armed(o))
+    return sum(1 for o in _chain(obj) if type(o).__qualname__ == "ShimWrapper" and is_ours(o) and _armed(o))
+
+
+def _armed(wrapper: Any) -> bool:
+    return wrapper._self_record.armed

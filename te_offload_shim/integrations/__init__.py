@@ -4,9 +4,9 @@ entries name (rules), the user's targets read at install (user_targets), when up
 the search for offload functions the table lacks (discover).
 """
 
-from te_offload_shim.engine import integration_hints
+from te_offload_shim.engine import attributes
 from te_offload_shim.integrations.megatron import CUDA_GRAPHS
 
 # Told here, where the package loads: nothing of integrations/ (the table's patches, the flush net,
 # Ray's actor copies) runs before it, so no wrapped offload and no flush clears without the marks.
-integration_hints.know_cuda_graphs(CUDA_GRAPHS)
+attributes.know_cuda_graphs(CUDA_GRAPHS)

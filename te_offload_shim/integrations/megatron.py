@@ -1,5 +1,5 @@
 """Megatron's knowledge: its marks of a CUDA-graphed chunk (`CUDA_GRAPHS`, data handed down to te/ at
-every clearing: engine/integration_hints.py, api.py), and its DDP buffers: from a `_ParamAndGradBuffer`
+every clearing: engine/attributes.py, api.py), and its DDP buffers: from a `_ParamAndGradBuffer`
 to the model whose TE layers keep weights in it.
 
 A buffer knows its parameters, not its modules. Its owner is a megatron `DistributedDataParallel`
@@ -71,26 +71,8 @@ _DDP_MODULES = (
 
 
 def _ddp_classes() -> tuple[type, ...]:
-    found = []
-    for name in _DDP_MODULES:
-        cls = getattr(sys.modules.get(name), "DistributedDataParallel", None)
-        if isinstance(cls, type) and cls not in found:
-            found.append(cls)
-    return tuple(found)
-
-
-def _buffers_of(ddp: Any) -> list[Any]:
-    """The buffers a DDP's instance fields hold, dense first."""
-    fields = ddp.__dict__
-    return [buffer for name in DDP_BUFFER_LISTS for buffer in fields.get(name) or ()]
-
-
-def register(ddp: Any) -> None:
-    """Remember `ddp` as the owner of its buffers."""
-    ref = weakref.ref(ddp)
-    with _lock:
-        for buffer in _buffers_of(ddp):
-            _owners[buffer] = ref
+    found = {getattr(sys.modules.get(name), "DistributedDataParallel", None) for name in _DDP_MODULES}
+    return tuple(cls for cls in found if isinstance(cls, type))
 
 
 class OwnerSearchFailed(RuntimeError):
@@ -102,16 +84,21 @@ class OwnerNotFound(LookupError):
 
 
 def _register_all(objects: list[Any], classes: tuple[type, ...]) -> None:
-    """Remember the owner of every DDP among `objects` (by type alone: see the module's docstring)."""
+    """Remember the owner of the buffers of every DDP among `objects` (by type alone: see the
+    module's docstring)."""
     kinds = {cls for cls in set(map(type, objects)) if issubclass(cls, classes)}
     if not kinds:
         return
     for obj in objects:
         if type(obj) in kinds:
             try:
-                register(obj)
+                fields = obj.__dict__  # dense buffers first
+                buffers = [buffer for name in DDP_BUFFER_LISTS for buffer in fields.get(name) or ()]
             except Exception:  # one DDP whose buffers cannot be read costs only itself
                 continue
+            with _lock:
+                for buffer in buffers:
+                    _owners[buffer] = weakref.ref(obj)
 
 
 def _scan() -> None:
@@ -181,19 +168,12 @@ def owner_of(buffer: Any) -> Any:
     never will (megatron-core builds `_ParamAndGradBuffer`s only there: a user's own), and one whose
     DDP is gone never will again: remember both, or every offload would search the whole heap again."""
     with _lock:
-        if buffer in _orphans:
-            return None
-        ref = _owners.get(buffer)
-        if ref is not None:
-            owner = ref()
-            if owner is None:
-                del _owners[buffer]
-                _orphans.add(buffer)
-            return owner
+        searched = buffer in _orphans or buffer in _owners
     frozen = gc.get_freeze_count()
     try:
-        _scan()
-        if frozen and buffer not in _owners:
+        if not searched:
+            _scan()
+        if not searched and frozen and buffer not in _owners:
             _search_from_roots(buffer)
     except Exception as exc:
         with _lock:
@@ -205,10 +185,10 @@ def owner_of(buffer: Any) -> Any:
     with _lock:
         ref = _owners.get(buffer)
         owner = ref() if ref is not None else None
-        if owner is None:
+        if owner is None:  # none found, or its DDP is gone: never searched for again
             _owners.pop(buffer, None)
             _orphans.add(buffer)
-    if owner is None:
+    if owner is None and not searched:
         where = f"the heap ({frozen} objects frozen by gc.freeze(), searched from the roots)" if frozen else "the heap"
         raise OwnerNotFound(
             f"no megatron DistributedDataParallel in {where} holds the offloaded {type(buffer).__name__}; "

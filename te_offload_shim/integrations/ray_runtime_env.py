@@ -13,19 +13,27 @@ One case stays out: a runtime_env that gives the workers another Python environm
 which may be another Python release, where a function pickled by value (its code object) need not
 load at all.
 
-Standard library only; imported when the shim wraps a `ray.init` call.
+Here too: the rules for adding the hook to `ray.init`'s runtime_env (`with_setup_hook`), a driver's
+concern, never loaded in a worker. Standard library only; imported when the shim wraps a `ray.init`
+call.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import CodeType
 from typing import Any
 
+from te_offload_shim._log import warn_once
+
 # runtime_env fields that give the workers another Python environment
 ENV_SWAPPING = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
+RAY_HOOK = "te_offload_shim.ray_setup"
+HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set for the entrypoint of a `ray job submit`
 # the name Ray shows for our hook (runtime_env["worker_process_setup_hook"] once uploaded)
 HOOK_NAME = "te_offload_shim_ray_setup"
 
@@ -66,5 +74,72 @@ def is_ours(hook: object) -> bool:
     """Whether a runtime_env's hook is ours: by name, or the hook `worker_hook()` made (once uploaded,
     Ray shows it by its name)."""
     if isinstance(hook, str):
-        return hook in ("te_offload_shim.ray_setup", HOOK_NAME)
+        return hook in (RAY_HOOK, HOOK_NAME)
     return getattr(hook, "__code__", None) is _hook_code()
+
+
+def _existing_hook(runtime_env: Any) -> object:
+    if not isinstance(runtime_env, dict):
+        return None
+    hook = runtime_env.get("worker_process_setup_hook")
+    if hook is None:
+        env_vars = runtime_env.get("env_vars") or {}
+        hook = env_vars.get(HOOK_ENV_VAR) if isinstance(env_vars, dict) else None
+    return hook
+
+
+def _submitted_job_env() -> dict[str, Any] | None:
+    """The runtime_env of a `ray job submit`, which Ray merges with ray.init's (a clash is an error)."""
+    raw = os.environ.get(_JOB_CONFIG_ENV_VAR)
+    if not raw:
+        return None
+    import json
+
+    try:
+        env = json.loads(raw).get("runtime_env") or {}
+    except (ValueError, AttributeError):
+        return {"unreadable": True}
+    return env if isinstance(env, dict) else {"unreadable": True}
+
+
+def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`ray.init`'s keyword arguments with our hook added to the runtime_env, or unchanged (with a
+    log line saying why) when the user or the submitted job already has a hook."""
+    submitted = _submitted_job_env()
+    runtime_env = kwargs.get("runtime_env")
+    if runtime_env is None:
+        job_config = kwargs.get("job_config")
+        # ray.init's runtime_env replaces the JobConfig's: start from the JobConfig's so nothing is lost.
+        base = getattr(job_config, "runtime_env", None) if submitted is None else None
+        runtime_env = dict(base) if isinstance(base, dict) else {}
+    elif not isinstance(runtime_env, dict):
+        return kwargs
+    for source in (runtime_env, submitted):
+        hook = _existing_hook(source)
+        if hook is None:
+            continue
+        if not is_ours(hook):
+            warn_once(
+                "ray-hook-taken",
+                "te_offload_shim: the Ray job already has worker_process_setup_hook=%r; not adding %s. "
+                "Chain it: call te_offload_shim.ray_setup() first thing in your hook, or set "
+                "env_vars VERL_USE_EXTERNAL_MODULES=te_offload_shim (verl) / PYTHONPATH to the sitecustomize "
+                "bootstrap (te-offload-shim run).",
+                hook,
+                RAY_HOOK,
+            )
+        return kwargs
+    if submitted is not None and submitted.get("unreadable"):
+        return kwargs
+    if swapping := env_swapping(runtime_env, submitted):
+        warn_once(
+            "ray-hook-env",
+            "te_offload_shim: the Ray job's runtime_env sets %s (another Python environment); not adding the "
+            "setup hook. Where te_offload_shim is installed there, pass worker_process_setup_hook=%r yourself.",
+            ", ".join(swapping),
+            RAY_HOOK,
+        )
+        return kwargs
+    new_env = dict(runtime_env)
+    new_env["worker_process_setup_hook"] = worker_hook()  # fails open where it cannot import us
+    return {**kwargs, "runtime_env": new_env}

@@ -37,13 +37,10 @@ def skip_unless_model_params(call: Mapping[str, Any]) -> str | None:
     if isinstance(include, str):  # one OffloadStateType (a str Enum) rather than a list of them
         include = (include,)
     try:
-        names = {getattr(item, "name", item) for item in include}
-        values = {getattr(item, "value", item) for item in include}
-    except TypeError:
-        names = values = {getattr(include, "name", include)}
-    if "model_params" in names or "model_params" in values:
-        return None
-    return "include names no model_params: the weights stay on the device"
+        named = any("model_params" in (getattr(item, "name", item), getattr(item, "value", item)) for item in include)
+    except TypeError:  # one item that is no list
+        named = getattr(include, "name", include) == "model_params"
+    return None if named else "include names no model_params: the weights stay on the device"
 
 
 def skip_unless_weights(call: Mapping[str, Any]) -> str | None:
@@ -70,6 +67,5 @@ def miles_clears_itself(call: Mapping[str, Any]) -> str | None:
     return None
 
 
-def megatron_buffer_modules(buffer: Any) -> tuple[Any, list[Any]]:
-    """megatron-core: only the TE layers whose weights live in the offloaded buffer."""
-    return modules_of_buffer(buffer)
+# megatron-core: only the TE layers whose weights live in the offloaded buffer
+megatron_buffer_modules = modules_of_buffer

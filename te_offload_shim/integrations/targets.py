@@ -12,12 +12,13 @@ described there, and is shared with `TE_OFFLOAD_SHIM_TARGETS`. This module is da
 rules and resolvers the entries name are in integrations/rules.py.
 
 Releases, declared once per entry and read by `te-offload-shim status` (integrations/versions.py):
-- `distribution`: the package whose installed version is checked.
-- `supported`: a version specifier set, `>=0.4.0,<0.9.0`, for the releases in which the entry point
-  exists as the entry describes it (a PEP 440 specifier set, matched with `packaging`). None when no
-  release number is known for it (git-only code, or code in no release yet); `note` then says which
-  revisions have it. A release outside the set is a warning in `status`, never a reason not to patch:
-  the shim patches what it finds.
+- `requires`: a requirement string, `verl>=0.4.0,<0.9.0`: the distribution (the package whose
+  installed version is checked), then a version specifier set for the releases in which the entry
+  point exists as the entry describes it (a PEP 440 specifier set, matched with `packaging`; read as
+  the target's `distribution` and `supported`). The distribution alone when no release number is
+  known for it (git-only code, or code in no release yet); `note` then says which revisions have it.
+  A release outside the set is a warning in `status`, never a reason not to patch: the shim patches
+  what it finds.
 - `fixed_in`: the first release that clears the caches itself; from it on the entry is left alone.
   `fixed_marker` is the module attribute that fix added: at run time its presence, not the version
   number, decides (a back-port or a git checkout carries the fix under any number), and a test checks
@@ -46,8 +47,7 @@ BUILTIN: tuple[Target, ...] = (
         "verl.utils.megatron_utils",
         "offload_megatron_model_to_cpu",
         "models",
-        distribution="verl",
-        supported=">=0.4.0",
+        requires="verl>=0.4.0",
         fixed_in="0.9.0",  # verl PR #6952
         fixed_marker="_clear_te_fp8_weight_workspaces",
     ),
@@ -56,8 +56,7 @@ BUILTIN: tuple[Target, ...] = (
         "megatron.core.distributed.param_and_grad_buffer",
         "_ParamAndGradBuffer.offload_to_cpu",
         "self",
-        distribution="megatron-core",
-        supported=">=0.16.0",  # the method is absent before
+        requires="megatron-core>=0.16.0",  # the method is absent before
         skip=rules.skip_when_false("move_params", "the weights stay on the device"),
         resolve=rules.megatron_buffer_modules,  # only the TE layers whose weights live in the buffer
     ),
@@ -66,8 +65,7 @@ BUILTIN: tuple[Target, ...] = (
         "nemo_rl.models.policy.workers.megatron_policy_worker",
         "MegatronPolicyWorkerImpl.offload_before_refit",
         "self.model",
-        distribution="nemo-rl",
-        supported=">=0.6.0",  # offload_after_refit calls it through self
+        requires="nemo-rl>=0.6.0",  # offload_after_refit calls it through self
         skip=rules.nemo_rl_clears_itself,
     ),
     Target(
@@ -77,8 +75,7 @@ BUILTIN: tuple[Target, ...] = (
         # the inner call finds its chunk cleared by this one (nesting) and clears nothing twice.
         "MegatronPolicyWorkerImpl.offload_after_refit",
         "self.model",
-        distribution="nemo-rl",
-        supported=">=0.6.0",
+        requires="nemo-rl>=0.6.0",
         skip=rules.nemo_rl_clears_itself,  # the PR keeps the opt-in clear, in _clear_refit_memory_caches
     ),
     Target(
@@ -86,9 +83,8 @@ BUILTIN: tuple[Target, ...] = (
         "nemo_rl.models.policy.workers.megatron_policy_worker",
         "MegatronPolicyWorker.offload_before_refit",
         "self.model",
-        distribution="nemo-rl",
         # 0.5.x: a @ray.remote class; from 0.6.0 its subclass of the Impl class, whose method it inherits
-        supported=">=0.5.0",
+        requires="nemo-rl>=0.5.0",
         skip=rules.nemo_rl_clears_itself,
     ),
     Target(
@@ -96,8 +92,7 @@ BUILTIN: tuple[Target, ...] = (
         "nemo_rl.models.policy.megatron_policy_worker",
         "MegatronPolicyWorker.offload_before_refit",
         "self.model",
-        distribution="nemo-rl",
-        supported=">=0.3.0,<0.5.0",
+        requires="nemo-rl>=0.3.0,<0.5.0",
         skip=rules.nemo_rl_clears_itself,
     ),
     Target(
@@ -105,8 +100,7 @@ BUILTIN: tuple[Target, ...] = (
         "roll.distributed.strategy.megatron_strategy",
         "MegatronInferStrategy.offload_states",
         "self.model.get_models()",
-        distribution="roll",
-        supported=">=0.1.0,<=0.3.0",
+        requires="roll>=0.1.0,<=0.3.0",
         skip=rules.skip_unless_model_params,
     ),
     Target(
@@ -114,8 +108,7 @@ BUILTIN: tuple[Target, ...] = (
         "roll.distributed.strategy.megatron_strategy",
         "MegatronTrainStrategy.offload_states",  # overrides the Infer method
         "self.model.get_models()",
-        distribution="roll",
-        supported=">=0.1.0,<=0.3.0",
+        requires="roll>=0.1.0,<=0.3.0",
         skip=rules.skip_unless_model_params,
     ),
     Target(
@@ -123,7 +116,7 @@ BUILTIN: tuple[Target, ...] = (
         "areal.engine.awex.colocate_writer",
         "AwexMegatronAdapter.release_memory",
         "self._engine.model",
-        distribution="areal",
+        requires="areal",
         note="main since 2026-08-07 (#1500), in no release yet",
         skip=rules.skip_unless_weights,
     ),
@@ -132,8 +125,7 @@ BUILTIN: tuple[Target, ...] = (
         "areal.experimental.weight_update.awex.megatron_adapter",  # main moved it to areal.engine.awex
         "AwexMegatronAdapter.release_memory",
         "self._engine.model",
-        distribution="areal",
-        supported="==1.0.4",
+        requires="areal==1.0.4",
         skip=rules.skip_unless_weights,
     ),
     Target(
@@ -141,23 +133,21 @@ BUILTIN: tuple[Target, ...] = (
         "areal.engine.megatron_engine",
         "MegatronEngine.offload",  # flushes before torch_memory_saver.pause
         "self.model",
-        distribution="areal",
-        supported=">=1.0.4",  # main too
+        requires="areal>=1.0.4",  # main too
     ),
     Target(
         "slime",
         "slime.backends.megatron_utils.actor",
         "MegatronTrainRayActor.sleep",
         "self.model",
-        distribution="slime",
-        supported=">=0.2.1,<=0.3.1",
+        requires="slime>=0.2.1,<=0.3.1",
     ),
     Target(
         "miles",
         "miles.backends.megatron_utils.actor",
         "MegatronTrainRayActor.sleep",
         "self.model",
-        distribution="miles",
+        requires="miles",
         note="git only; from PR #2142 miles clears the caches itself behind a flag (default on)",
         skip=rules.miles_clears_itself,
     ),
@@ -170,24 +160,21 @@ BUILTIN: tuple[Target, ...] = (
         "swift.megatron.trainers.utils",
         "offload_megatron_model_to_cpu",  # a copy of verl's pre-fix offload, flushing through swift.utils
         "models",
-        distribution="ms-swift",
-        supported=">=3.11.0,<=4.6.0",
+        requires="ms-swift>=3.11.0,<=4.6.0",
     ),
     Target(
         "skyrl",
         "skyrl.backends.skyrl_train.distributed.megatron.megatron_utils",
         "offload_megatron_model_to_cpu",  # DDP chunks go through megatron-core's buffer offload, plain ones not
         "models",
-        distribution="skyrl",
-        supported=">=0.1.0",  # main too
+        requires="skyrl>=0.1.0",  # main too
     ),
     Target(
         "skyrl-train",
         "skyrl_train.distributed.megatron.megatron_utils",  # before it became skyrl.backends.skyrl_train
         "offload_megatron_model_to_cpu",
         "models",
-        distribution="skyrl-train",
-        supported=">=0.2.0,<=0.4.0",
+        requires="skyrl-train>=0.2.0,<=0.4.0",
         note="git tags",
     ),
     Target(
@@ -195,8 +182,7 @@ BUILTIN: tuple[Target, ...] = (
         "rlinf.hybrid_engines.megatron.megatron_model_manager",
         "MegatronModelManager.offload_model_weights_and_grad",  # MegatronWorker, MegatronSftWorker inherit it
         "self.model",
-        distribution="rlinf",
-        supported=">=0.1",  # main too
+        requires="rlinf>=0.1",  # main too
         skip=rules.skip_when_false("offload_weight", "a grads-only offload leaves the weights and their caches"),
     ),
     Target(
@@ -204,16 +190,14 @@ BUILTIN: tuple[Target, ...] = (
         "chatlearn.models.megatron.memory_manager.trainer",
         "TrainerMemoryManager.offload_weights",  # the caller, TorchModule.offload, flushes after it
         "self._model",
-        distribution="pai-chatlearn",
-        supported=">=1.2.0",  # main too
+        requires="pai-chatlearn>=1.2.0",  # main too
     ),
     Target(
         "chatlearn-inference",
         "chatlearn.models.megatron.memory_manager.inference",
         "InferenceMemoryManager.offload_weights",  # reference / reward models, flushed by the same caller
         "self._model",
-        distribution="pai-chatlearn",
-        supported=">=1.2.0",  # main too
+        requires="pai-chatlearn>=1.2.0",  # main too
     ),
     # siiRL's offload is a copy of verl's pre-fix one, the same function from v0.0.1 to v0.2.0
     # (c3ecc6a7) and main (af00a77): it empties the DDP buffers' storage itself, never through
@@ -225,31 +209,28 @@ BUILTIN: tuple[Target, ...] = (
         "siirl.utils.megatron.megatron_utils",
         "offload_megatron_model_to_cpu",
         "models",
-        distribution="siirl",
-        supported=">=0.0.1",  # main too
+        requires="siirl>=0.0.1",  # main too
     ),
     Target(
         "siirl-reward",
         "siirl.engine.reward_model.megatron.reward_model",
         "MegatronRewardModel.offload_params_to_cpu",  # `megatron.param_offload` of a Megatron reward model
         "self.reward_model_module",
-        distribution="siirl",
-        supported=">=0.2.0",  # main too
+        requires="siirl>=0.2.0",  # main too
     ),
     Target(
         "siirl-reward-0.1",
         "siirl.workers.reward_model.megatron.reward_model",  # 0.2.0 renamed siirl.workers to siirl.engine
         "MegatronRewardModel.offload_params_to_cpu",
         "self.reward_model_module",
-        distribution="siirl",
-        supported=">=0.0.1,<0.2.0",
+        requires="siirl>=0.0.1,<0.2.0",
     ),
     Target(
         "relax",
         "relax.backends.megatron.actor",
         "MegatronTrainRayActor.sleep",  # clear_memory, then torch_memory_saver.pause
         "self.model",
-        distribution="relax",
+        requires="relax",
         note="main, in no release",
     ),
     Target(
@@ -257,7 +238,7 @@ BUILTIN: tuple[Target, ...] = (
         "relax.backends.megatron.weight_update.train_offload",
         "_SelectiveOffloadStrategy.offload",  # --selective-offload, or no torch_memory_saver
         "self.model",
-        distribution="relax",
+        requires="relax",
         note="main since the selective offload, in no release",
     ),
 )

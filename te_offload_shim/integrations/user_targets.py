@@ -26,10 +26,8 @@ def read_at_install(problems: list[str]) -> tuple[Target, ...]:
     if _switches.user_targets():
         from te_offload_shim.engine.schema import parse_user_targets
 
-        parsed, ignored = parse_user_targets(_switches.user_targets())
-        user = tuple(parsed)
-        problems[:] = ignored
-        warnings += [(f"user-target:{p}", f"ignoring {_switches.TARGETS} entry {p}") for p in ignored]
+        user, problems[:] = parse_user_targets(_switches.user_targets())
+        warnings += [(f"user-target:{p}", f"ignoring {_switches.TARGETS} entry {p}") for p in problems]
     names: tuple[str, ...] = ()
     if _switches.disabled_targets():  # the names it holds are checked against the table's
         from te_offload_shim.integrations.targets import BUILTIN

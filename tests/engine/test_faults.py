@@ -272,7 +272,7 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
     import torch
 
     from harness import te_standins as te
-    from te_offload_shim.engine.handler import make_handler
+    from te_offload_shim.engine.handler import Handler
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.integrations import ray  # noqa: F401  (declares the keyword to the engine)
     from te_offload_shim.integrations.targets import Target
@@ -288,7 +288,7 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
 
     target = Target("tracing", __name__, "Actor.sleep", "self.model")
     record = Record("target", Actor, "sleep", Actor.sleep, target=target.name)
-    handler = make_handler(target, inspect.signature(Actor.sleep), "method", record)
+    handler = Handler(target, inspect.signature(Actor.sleep), "method", record)
     actor = Actor()
     seen: list[dict[str, Any]] = []
 
@@ -299,3 +299,39 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
     result = handler(original, actor, (), {"_ray_trace_ctx": {"t": 1}})
     assert result == "slept" and seen == [{"_ray_trace_ctx": {"t": 1}}], "the original still gets the keyword"
     assert actor.model[0]._fp8_workspaces == {}
+
+
+def test_fail_open_hands_on_the_applications_exception_raises_in_strict_and_else_warns_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """engine/fail_open.py, the rule each fail-open site follows: what the application's signal
+    handler raised goes on to it, strict mode raises the shim's own error, else one warning per key."""
+    import signal
+
+    from te_offload_shim.engine.fail_open import fail_open
+
+    class Timeout(Exception):
+        pass
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise Timeout("the application's")
+
+    old = signal.signal(signal.SIGUSR1, on_signal)
+    try:
+        try:
+            signal.raise_signal(signal.SIGUSR1)
+        except Timeout as exc:
+            with pytest.raises(Timeout):
+                fail_open(exc, "test-fail-open:signal", "te_offload_shim: %r", exc)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    own = RuntimeError("the shim's own")
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_STRICT", "1")
+    with pytest.raises(RuntimeError, match="the shim's own"):
+        fail_open(own, "test-fail-open:own", "te_offload_shim: failed: %r", own)
+    monkeypatch.delenv("TE_OFFLOAD_SHIM_STRICT")
+    caplog.set_level(logging.WARNING, logger="te_offload_shim")
+    for _ in range(2):
+        fail_open(own, "test-fail-open:own", "te_offload_shim: failed: %r", own)
+    said = [r.getMessage() for r in caplog.records if "failed: RuntimeError" in r.getMessage()]
+    assert said == ['te_offload_shim: failed: RuntimeError("the shim\'s own")'], said

@@ -81,7 +81,7 @@ class JobConfig:
 
 @pytest.mark.subprocess()
 def test_setup_hook_rules_without_a_cluster() -> None:
-    from te_offload_shim.integrations import ray as a  # where the runtime_env rule lives
+    from te_offload_shim.integrations import ray_runtime_env as a  # where the runtime_env rule lives
     from te_offload_shim.integrations.ray_runtime_env import is_ours as our_hook
 
     h = "te_offload_shim.ray_setup"

@@ -47,7 +47,9 @@ def test_unreadable_installed_version_is_unknown_not_a_failure() -> None:
 @pytest.mark.parametrize("bad", ["0.9.0", "=>0.4", "<0.x", "~=1", ">=0.4.0;", ""])
 def test_bad_specifiers_are_declaration_problems(bad: str) -> None:
     """What packaging refuses, and the empty set (which would match every release), is reported."""
-    problems = versions.declaration_problems(Target("bad", "m", "f", distribution="d", supported=bad))
+    target = Target("bad", "m", "f", requires="d")
+    target.supported = bad  # as read from `requires`: a string that is no requirement cannot say it
+    problems = versions.declaration_problems(target)
     assert len(problems) == 1 and problems[0].startswith("bad: supported: "), problems
 
 
@@ -59,11 +61,11 @@ def test_every_builtin_declaration_is_sound() -> None:
 
 def test_malformed_declarations_are_reported_and_status_survives_them() -> None:
     cases = {
-        "bad-spec": Target("bad-spec", "m", "f", distribution="d", supported="=>0.4.0"),
-        "bad-fix": Target("bad-fix", "m", "f", distribution="d", fixed_in="0.9.x", fixed_marker="m"),
-        "half-fix": Target("half-fix", "m", "f", distribution="d", supported=">=1.0", fixed_in="2.0"),
-        "no-dist": Target("no-dist", "m", "f", supported=">=1.0"),
-        "silent": Target("silent", "m", "f", distribution="d"),
+        "bad-spec": Target("bad-spec", "m", "f", requires="d=>0.4.0"),
+        "bad-fix": Target("bad-fix", "m", "f", requires="d", fixed_in="0.9.x", fixed_marker="m"),
+        "half-fix": Target("half-fix", "m", "f", requires="d>=1.0", fixed_in="2.0"),
+        "no-dist": Target("no-dist", "m", "f", requires=">=1.0"),
+        "silent": Target("silent", "m", "f", requires="d"),
     }
     for name, target in cases.items():
         assert versions.declaration_problems(target), name
@@ -148,7 +150,7 @@ def test_a_call_left_alone_is_counted_and_logged_with_its_reason(caplog: pytest.
         "skipper", __name__, "offload", "models", skip=lambda call: None if call["weights"] else "weights=False"
     )
     record = Record("target", None, "offload", offload, target=target.name)
-    wrapper = handler.make_handler(target, inspect.signature(offload), "function", record)
+    wrapper = handler.Handler(target, inspect.signature(offload), "function", record)
     layer = te.TELinearStandIn(4, 4)
     counters.reset()
     try:

@@ -157,7 +157,7 @@ def test_clearing_that_raises_raises_in_strict_mode() -> None:
 @pytest.mark.subprocess(verl="0.8.0")
 def test_wrapped_offload_leaves_a_chunk_whose_megatron_config_turns_cuda_graphs_on() -> None:
     """The wrapped offload hands te/ Megatron's marks (integrations/megatron.py `CUDA_GRAPHS`, through
-    engine/integration_hints.py): megatron-core's TransformerConfig on the DDP chunk says graphs are
+    engine/attributes.py): megatron-core's TransformerConfig on the DDP chunk says graphs are
     on, so its caches stay, and the offload runs."""
     import te_offload_shim  # noqa: F401
 

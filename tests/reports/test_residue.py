@@ -164,7 +164,7 @@ def test_te_process_global_memory_is_its_own_line(monkeypatch: pytest.MonkeyPatc
 def test_audit_fails_open_even_in_strict_mode(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from te_offload_shim.engine.handler import make_handler
+    from te_offload_shim.engine.handler import Handler
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.integrations.targets import Target
     from te_offload_shim.reports import audit as audit
@@ -187,7 +187,7 @@ def test_audit_fails_open_even_in_strict_mode(
     target = Target("t", "m", "C.offload", "self.model")
     try:
         record = Record("target", Owner, "offload", offload, target=target.name)
-        handler = make_handler(target, inspect.signature(offload), "method", record)
+        handler = Handler(target, inspect.signature(offload), "method", record)
         located = handler._begin_audit(None, Owner(), (), {})  # the call path, when clearing found nothing
         assert located is not None and located.models is None
         pending = audit.begin(target, Exploding())
