@@ -204,22 +204,12 @@ def _resolve(spec):  # type: (str) -> Any
 
 # --- the rest of the public names: loaded on first use (PEP 562) ----------------------------------
 
+_API = "te_offload_shim.api"
 _EXPORTS = {
-    "uninstall": "te_offload_shim.api",
-    "clear_fp8_workspaces": "te_offload_shim.api",
-    "ray_setup": "te_offload_shim.api",
-    "residue": "te_offload_shim.api",
-    "scan": "te_offload_shim.api",
-    "stats": "te_offload_shim.api",
-    "status": "te_offload_shim.api",
-    "CacheReport": "te_offload_shim.te.report",
-    "Skipped": "te_offload_shim.te.report",
-    "ShimError": "te_offload_shim.te.report",
+    **dict.fromkeys(("uninstall", "clear_fp8_workspaces", "ray_setup", "residue", "scan", "stats", "status"), _API),
+    **dict.fromkeys(("CacheReport", "Skipped", "ShimError"), "te_offload_shim.te.report"),
     "ResidueReport": "te_offload_shim.reports.residue",
-    "Status": "te_offload_shim.engine.states",
-    "Stats": "te_offload_shim.engine.states",
-    "TargetRow": "te_offload_shim.engine.states",
-    "TargetState": "te_offload_shim.engine.states",
+    **dict.fromkeys(("Status", "Stats", "TargetRow", "TargetState"), "te_offload_shim.engine.states"),
 }
 
 
@@ -235,11 +225,7 @@ def __getattr__(name: str) -> object:
 def __dir__() -> "list[str]":
     # What a user may rely on (`__all__`, the names docs/api.md describes) and the dunders every
     # module has; the tables, the imported modules and `TYPE_CHECKING` stay reachable, unlisted.
-    names = set(__all__)
-    for name in globals():
-        if name[:2] == name[-2:] == "__":
-            names.add(name)
-    return sorted(names)
+    return sorted({*__all__, *(name for name in globals() if name[:2] == name[-2:] == "__")})
 
 
 # --- the post-import hook ------------------------------------------------------------------------
@@ -450,11 +436,7 @@ def _to_front():  # type: () -> None
 
 def _meta_path_without():  # type: () -> list[Any]
     # A new list, not an edit of sys.meta_path: an import on another thread may be iterating it.
-    meta_path = []
-    for other in sys.meta_path:
-        if other is not _finder:
-            meta_path.append(other)
-    return meta_path
+    return [other for other in sys.meta_path if other is not _finder]
 
 
 def _before_fork():  # type: () -> None
