@@ -28,7 +28,7 @@ TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from collections.abc import Callable  # noqa: F401  (read in type comments)
-    from types import ModuleType
+    from types import ModuleType  # noqa: F401  (read in type comments)
     from typing import Any  # noqa: F401  (read in type comments)
 
     from te_offload_shim.engine.schema import Target
@@ -130,25 +130,18 @@ def install() -> bool:
     Idempotent and thread-safe; never waits for another thread's import. Returns False when
     `TE_OFFLOAD_SHIM=0`."""
     global _installed, _user_targets, _watched
-    switches: ModuleType | None = None
+    needs_table = False
     if _any_switch_set():  # with none set the defaults hold, and `_switches` need not load
-        from te_offload_shim import _switches
+        from te_offload_shim import _switches as s
 
-        if not _switches.enabled():
+        if not s.enabled():
             return False
-        switches = _switches
+        # Only a switch that names targets needs the table (or a bad value or name, a warning): most do not.
+        needs_table = bool(s.user_targets() or s.disabled_targets() or s.switch_problems(()) or s.unknown_names())
     with _lock:
         if _installed:
             return True
-        _user_targets = ()
-        # Only a switch that names targets needs the table (or a bad value or name, a warning): most do not.
-        if switches is not None and (
-            switches.user_targets()
-            or switches.disabled_targets()
-            or switches.switch_problems(())
-            or switches.unknown_names()
-        ):
-            _user_targets = _resolve(_READ_SWITCHES)(_problems)
+        _user_targets = _resolve(_READ_SWITCHES)(_problems) if needs_table else ()
         _installed = True  # what engine.registry.active() reads: patches may land from here on
         watched = dict(WATCH)
         for target in _user_targets:
