@@ -28,7 +28,7 @@ TYPE_CHECKING = False
 
 if TYPE_CHECKING:
     from collections.abc import Callable  # noqa: F401  (read in type comments)
-    from types import ModuleType
+    from types import ModuleType  # noqa: F401  (read in type comments)
     from typing import Any  # noqa: F401  (read in type comments)
 
     from te_offload_shim.engine.schema import Target
@@ -130,25 +130,18 @@ def install() -> bool:
     Idempotent and thread-safe; never waits for another thread's import. Returns False when
     `TE_OFFLOAD_SHIM=0`."""
     global _installed, _user_targets, _watched
-    switches: ModuleType | None = None
+    needs_table = False
     if _any_switch_set():  # with none set the defaults hold, and `_switches` need not load
-        from te_offload_shim import _switches
+        from te_offload_shim import _switches as s
 
-        if not _switches.enabled():
+        if not s.enabled():
             return False
-        switches = _switches
+        # Only a switch that names targets needs the table (or a bad value or name, a warning): most do not.
+        needs_table = bool(s.user_targets() or s.disabled_targets() or s.switch_problems(()) or s.unknown_names())
     with _lock:
         if _installed:
             return True
-        _user_targets = ()
-        # Only a switch that names targets needs the table (or a bad value or name, a warning): most do not.
-        if switches is not None and (
-            switches.user_targets()
-            or switches.disabled_targets()
-            or switches.switch_problems(())
-            or switches.unknown_names()
-        ):
-            _user_targets = _resolve(_READ_SWITCHES)(_problems)
+        _user_targets = _resolve(_READ_SWITCHES)(_problems) if needs_table else ()
         _installed = True  # what engine.registry.active() reads: patches may land from here on
         watched = dict(WATCH)
         for target in _user_targets:
@@ -204,22 +197,12 @@ def _resolve(spec):  # type: (str) -> Any
 
 # --- the rest of the public names: loaded on first use (PEP 562) ----------------------------------
 
+_API = "te_offload_shim.api"
 _EXPORTS = {
-    "uninstall": "te_offload_shim.api",
-    "clear_fp8_workspaces": "te_offload_shim.api",
-    "ray_setup": "te_offload_shim.api",
-    "residue": "te_offload_shim.api",
-    "scan": "te_offload_shim.api",
-    "stats": "te_offload_shim.api",
-    "status": "te_offload_shim.api",
-    "CacheReport": "te_offload_shim.te.report",
-    "Skipped": "te_offload_shim.te.report",
-    "ShimError": "te_offload_shim.te.report",
+    **dict.fromkeys(("uninstall", "clear_fp8_workspaces", "ray_setup", "residue", "scan", "stats", "status"), _API),
+    **dict.fromkeys(("CacheReport", "Skipped", "ShimError"), "te_offload_shim.te.report"),
     "ResidueReport": "te_offload_shim.reports.residue",
-    "Status": "te_offload_shim.engine.states",
-    "Stats": "te_offload_shim.engine.states",
-    "TargetRow": "te_offload_shim.engine.states",
-    "TargetState": "te_offload_shim.engine.states",
+    **dict.fromkeys(("Status", "Stats", "TargetRow", "TargetState"), "te_offload_shim.engine.states"),
 }
 
 
@@ -235,11 +218,7 @@ def __getattr__(name: str) -> object:
 def __dir__() -> "list[str]":
     # What a user may rely on (`__all__`, the names docs/api.md describes) and the dunders every
     # module has; the tables, the imported modules and `TYPE_CHECKING` stay reachable, unlisted.
-    names = set(__all__)
-    for name in globals():
-        if name[:2] == name[-2:] == "__":
-            names.add(name)
-    return sorted(names)
+    return sorted({*__all__, *(name for name in globals() if name[:2] == name[-2:] == "__")})
 
 
 # --- the post-import hook ------------------------------------------------------------------------
@@ -450,11 +429,7 @@ def _to_front():  # type: () -> None
 
 def _meta_path_without():  # type: () -> list[Any]
     # A new list, not an edit of sys.meta_path: an import on another thread may be iterating it.
-    meta_path = []
-    for other in sys.meta_path:
-        if other is not _finder:
-            meta_path.append(other)
-    return meta_path
+    return [other for other in sys.meta_path if other is not _finder]
 
 
 def _before_fork():  # type: () -> None

@@ -42,10 +42,7 @@ def Lock() -> _thread.RLock:  # named as what it makes, as `threading.Lock` is
 def held_here() -> bool:
     """Whether this thread holds a lock of the package: code that runs now interrupted the package
     (a signal handler, a `__del__` run by the collector) and must not touch its state."""
-    for lock in _all:
-        if lock._is_owned():  # type: ignore[attr-defined]
-            return True
-    return False
+    return any(lock._is_owned() for lock in _all)  # type: ignore[attr-defined]
 
 
 def _after_fork_in_child() -> None:

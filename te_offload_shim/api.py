@@ -36,15 +36,13 @@ def uninstall() -> int:
 
 def _restore(unwatch_error: BaseException | None) -> int:
     from te_offload_shim._log import warn_once
-    from te_offload_shim.engine import registry
+    from te_offload_shim.engine import net, registry
 
     if unwatch_error is not None:
         warn_once(
             "uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", unwatch_error
         )
     restored, errors = registry.deactivate()
-    from te_offload_shim.engine import net
-
     net.disarmed()
     for error in errors:
         warn_once(f"uninstall:{error}", "te_offload_shim: uninstall could not restore %s", error)

@@ -57,40 +57,43 @@ def _counting() -> None:
         _at_exit.append(atexit.register(write_file))
 
 
-def _first() -> int:
-    """The one first-line rule (under `_lock`): the first clearing of the process, by the table or
-    the net, is said at `first_line_level()` (seen once per job); every later one at DEBUG."""
+def _count(group: str, cleared: str, report: CacheReport, also: tuple[str, ...] = ()) -> int | None:
+    """Count one clearing's report in `group` ("table" or "net"; `cleared`: its counter of clearings
+    that cleared something), under `_lock`. The one first-line rule: the first clearing of the
+    process, by the table or the net, is said at `first_line_level()` (seen once per job); every
+    later one at DEBUG; one that cleared nothing has no line (None). `also`: the report's other
+    counters of what was cleared."""
+    counts = _c[group]
+    counts["skipped"] += len(report.skipped)
+    counts["errors"] += len(report.errors)
+    if not (report.entries or any(getattr(report, key) for key in also)):
+        return None
+    counts[cleared] += 1
+    for key in ("entries", "modules", "bytes", *also):
+        counts[key] += getattr(report, key)
     first, _c["announced"] = not _c["announced"], True
     return first_line_level() if first else logging.DEBUG
 
 
 def count_table(name: str, report: CacheReport) -> int | None:
     """Count one wrapped call's clearing; returns the level of its line, None for no line."""
-    level = None
     _counting()
     with _lock:
         table, off = _c["table"], _c["caching_off"]
         table["calls"] += 1
         per = _c["by_target"].setdefault(name, {"calls": 0, "entries": 0, "bytes": 0})
         per["calls"] += 1
-        table["skipped"] += len(report.skipped)
-        table["errors"] += len(report.errors)
         table["primary_weight_bytes"] = report.primary_weight_bytes
         off.clear()
         off.update(report.caching_off)
-        if report.caching_off and not report.entries:
-            _c["caching_off_by_target"][name] = dict(report.caching_off)
-        else:
-            _c["caching_off_by_target"].pop(name, None)
+        _c["caching_off_by_target"].pop(name, None)
+        level = _count("table", "cleared_calls", report)
         if report.entries:
-            table["cleared_calls"] += 1
-            for key in ("entries", "modules", "bytes"):
-                table[key] += getattr(report, key)
             table["released_bytes"] += report.released_bytes or 0
             per["entries"] += report.entries
             per["bytes"] += report.bytes
-            level = _first()
         elif report.caching_off:  # a 0 that is no clearing's doing says why, once per reason
+            _c["caching_off_by_target"][name] = dict(report.caching_off)
             new = not _c["said_off"].issuperset(report.caching_off)
             _c["said_off"].update(report.caching_off)
             level = first_line_level() if new else logging.DEBUG
@@ -103,17 +106,12 @@ def count_net(report: CacheReport, caller: str) -> int | None:
     """Count one clearing of the flush net; returns the level of its line, None when it cleared nothing."""
     _counting()
     with _lock:
-        net = _c["net"]
-        net["skipped"] += len(report.skipped)
-        net["errors"] += len(report.errors)
-        if not (report.entries or report.primary_weight_cleared):
+        # FP8 primary weights have no entry: the net's clearing of their transposes counts too
+        level = _count("net", "cleared_flushes", report, ("primary_weight_cleared",))
+        if level is None:
             return None
-        net["cleared_flushes"] += 1
-        for key in ("entries", "modules", "bytes", "primary_weight_cleared"):
-            net[key] += getattr(report, key)
         if len(_c["callers"]) < 16:
             _c["callers"].setdefault(caller, None)
-        level = _first()
     write_file()
     return level
 

@@ -313,12 +313,9 @@ class _Call:
             return
         self.add(module, values)
         if self.clear:
-            try:
-                if type(workspaces) is dict:
-                    workspaces.clear()
-                else:
-                    for key in list(workspaces):
-                        workspaces.pop(key)
+            try:  # a dict subclass (a plain dict is cleared in `collect_entries`): key by key, through its own pop
+                for key in list(workspaces):
+                    workspaces.pop(key)
             except Exception as exc:
                 _unreadable(report, where(module), f"clearing {WORKSPACES}", exc, len(values))
                 return

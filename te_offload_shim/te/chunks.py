@@ -31,11 +31,10 @@ def as_chunks(models: object) -> tuple[list[Any], str | None]:
     cls = type(models)
     if issubclass(cls, (list, tuple)):  # the base class's own iterator, never an override
         items: Iterator[Any] = (list if issubclass(cls, list) else tuple).__iter__(models)  # type: ignore[arg-type]
-    elif getattr(cls, "__iter__", None) is not None or getattr(cls, "__getitem__", None) is not None:
+        return [m for m in items if isinstance(m, module_type)], None
+    if getattr(cls, "__iter__", None) is not None or getattr(cls, "__getitem__", None) is not None:
         return [], _not_iterated(models)
-    else:
-        return [], None
-    return [m for m in items if isinstance(m, module_type)], None
+    return [], None
 
 
 def _not_iterated(models: object) -> str:

@@ -39,10 +39,9 @@ TE_GRAPH_MODULE = "transformer_engine.pytorch.graph"
 TE_GRAPH_ATTRS = ("forward", "reset", "backward_dw")
 
 
-def te_graph_mark(module: Any) -> str | None:
-    """What TE's `make_graphed_callables` left on `module` (an instance attribute that is a function
-    of TE's graph module), or None."""
-    d = getattr(module, "__dict__", None) or {}
+def te_graph_mark(module: Any, d: dict) -> str | None:
+    """What TE's `make_graphed_callables` left on `module`, whose instance dict is `d` (an instance
+    attribute that is a function of TE's graph module), or None."""
     for name in TE_GRAPH_ATTRS:
         value = d.get(name)
         # TE's marks are plain functions, whose `__module__` is a field: anything else under that

@@ -59,7 +59,7 @@ def primary_weight_copies(
     through TE's own API where TE rebuilds them (TRANSPOSE_REBUILT_FROM)."""
     plain = (torch.Tensor, torch.nn.Parameter)
     usual = {torch.Tensor, torch.nn.Parameter, type(None)}
-    may_drop: bool | None = None if clear else False
+    may_drop = clear and _te_release() >= TRANSPOSE_REBUILT_FROM
     for module, d in modules:
         params = d.get("_parameters")
         if not params or usual.issuperset(map(type, params.values())):  # the common case, in C
@@ -76,8 +76,6 @@ def primary_weight_copies(
                 continue
             report.primary_weight_params += 1
             fields = "/".join(f for f, c in zip(PRIMARY_WEIGHT_COPIES, copies, strict=True) if c is not None)
-            if fields == "_transpose" and may_drop is None:
-                may_drop = _te_release() >= TRANSPOSE_REBUILT_FROM
             if fields == "_transpose" and may_drop and _drop_transpose(param, report):
                 report.primary_weight_cleared += sum(held.values())
                 continue

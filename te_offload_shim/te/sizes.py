@@ -139,6 +139,8 @@ def _tensors(values: Any, torch: Any) -> list[Any]:
     `map`, no bytecode per value or per tensor; otherwise one getter call per value."""
     plain = (torch.Tensor, torch.nn.Parameter)
     kinds = set(map(type, values))
+    if kinds.issubset(plain):  # plain tensors already (parameters, the entries of a BF16 cache)
+        return list(values)
     plan = _plans.get(kinds.pop()) if len(kinds) == 1 else None
     found: list[Any] | None = None
     if plan is not None and plan[2]:
@@ -222,13 +224,6 @@ def shared_with(held: dict[int, int], params: Any, torch: Any) -> set[int]:
     bounds (`from_blob`, DLPack) are not; TE's caches hold their own tensors or views of them."""
     if not held or not params:
         return set()
-    plain = (torch.Tensor, torch.nn.Parameter)
-    params = list(params)
-    kinds = set(map(type, params))
-    if kinds.issubset(plain):
-        tensors = params
-    else:  # quantized parameters (FP8 primary weights): their inner tensors
-        tensors = [p for p in params if type(p) in plain]
-        tensors += _tensors([p for p in params if p is not None and type(p) not in plain], torch)
+    tensors = _tensors(list(params), torch)  # quantized parameters (FP8 primary weights): their inner tensors
     addresses = map(torch._C.StorageBase.data_ptr, map(torch._C.TensorBase.untyped_storage, tensors))
     return held.keys() & set(addresses)

@@ -77,7 +77,7 @@ def walk(chunk: Any, *, marks: GraphMarks = TE_ONLY, every: bool = False, seen: 
             if graph_mark is None and captured in d and d[captured]:
                 graph_mark = f"{type(module).__name__}.{captured} holds captured graphs"
             if graph_mark is None and ("forward" in d or "reset" in d or "backward_dw" in d):
-                graph_mark = te_graph_mark(module)
+                graph_mark = te_graph_mark(module, d)
             if WORKSPACES in d:
                 modern.append(module)
                 modern_dicts.append(d)
