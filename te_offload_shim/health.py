@@ -46,7 +46,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         row.update(live[row["name"]])
         if do_import:
             row["import_error"] = import_errors.get(row["target"].partition(":")[0])
-    found = versions.versions()
+    found, namesakes = versions.versions()
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "shim": {
@@ -59,7 +59,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         "python": {"version": found["python"], "executable": sys.executable},
         "versions": found,
         # installed distributions named for a framework that hold none of its modules: not its version
-        "namesakes": versions.namesakes(),
+        "namesakes": namesakes,
         "targets": rows,
         "routes": pth.routes(),
         "switches": {name: os.environ[name] for name in _switches.ALL_SWITCHES if name in os.environ},
