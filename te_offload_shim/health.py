@@ -70,7 +70,6 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         ],
         "disabled_by": _disabled_by([t.name for t in targets]),
         "user_target_problems": shim["user_target_problems"],
-        "declaration_problems": [p for t in targets for p in versions.declaration_problems(t)],
         "hook_errors": shim["hook_errors"],
         "imported": do_import,
         "import_output": import_output,  # what importing the targets printed or warned (--import)
@@ -246,7 +245,6 @@ def _findings(report: dict[str, Any]) -> Iterator[Finding]:
         yield WARNING, unknown_switch_text(f"{entry['name']}={entry['value']}", entry["closest"])
     if not versions.wrapt_ok(report["versions"]["wrapt"]):
         yield PROBLEM, f"wrapt {versions.WRAPT_NEEDED} is needed to patch, found {report['versions']['wrapt']}"
-    yield from ((PROBLEM, p) for p in report["declaration_problems"])
     yield from ((PROBLEM, f"{_switches.TARGETS}: {p}") for p in report["user_target_problems"])
     yield from ((PROBLEM, f"patching failed: {e}") for e in report["hook_errors"])
     if report["net"]["state"] == "error":

@@ -162,34 +162,6 @@ def _installed(path: tuple[str, ...]) -> list[tuple[str, str, metadata.PathDistr
     return found
 
 
-def declaration_problems(target: Target) -> list[str]:
-    """What is malformed in a target's release declaration (targets.py); [] when it is sound."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    problems = []
-    if target.supported is not None:
-        try:
-            if not SpecifierSet(target.supported):
-                problems.append(f"{target.name}: supported: {target.supported!r} matches every release (say None)")
-        except InvalidSpecifier as exc:
-            problems.append(f"{target.name}: supported: bad specifier: {exc}")
-    if target.fixed_in is not None:
-        try:
-            Version(target.fixed_in)
-        except InvalidVersion as exc:
-            problems.append(f"{target.name}: fixed_in: {exc}")
-    if (target.supported is not None or target.fixed_in is not None) and not target.distribution:
-        problems.append(f"{target.name}: releases are declared without the distribution they are of")
-    if (target.fixed_in is None) != (target.fixed_marker is None):
-        problems.append(
-            f"{target.name}: fixed_in and fixed_marker go together (the version for status, the marker at run time)"
-        )
-    if target.supported is None and target.distribution and not target.note:
-        problems.append(f"{target.name}: no supported releases and no note saying which revisions have it")
-    return problems
-
-
 def _own(held: dict[str, Any], distribution: str | None) -> bool:
     """Whether the distribution holding the module is the entry's own (a fork's version is not the framework's)."""
     return held["holder"] is not None and _normal(held["holder"]) == _normal(distribution or "")
