@@ -255,11 +255,9 @@ def _any_path_printable() -> Iterator[None]:
     changed: list[Any] = []
     for stream in (sys.stdout, sys.stderr):
         if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
-            try:
+            with contextlib.suppress(Exception):  # a text stream that cannot change: as it was
                 stream.reconfigure(errors="backslashreplace")
-            except Exception:  # a text stream that cannot change: as it was
-                continue
-            changed.append(stream)
+                changed.append(stream)
     try:
         yield
     finally:

@@ -199,11 +199,8 @@ def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
 def _scratch_file() -> Any:
     """A file that needs no writable folder (a container's read-only root file system may have no
     usable /tmp): an anonymous memory file where Linux has them, else a temporary file."""
-    if hasattr(os, "memfd_create"):
-        try:
-            return open(os.memfd_create("te-offload-shim-status"), "w+b")
-        except OSError:  # an old kernel, or memfd refused by a seccomp profile
-            pass
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, an old kernel, or refused by a seccomp profile
+        return open(os.memfd_create("te-offload-shim-status"), "w+b")
     import tempfile
 
     return tempfile.TemporaryFile()  # OSError where there is no usable temporary folder either
@@ -211,17 +208,12 @@ def _scratch_file() -> Any:
 
 def _flush_stdout() -> None:
     for stream in (sys.stdout, sys.__stdout__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:  # a closed or odd stream: its text stays where it is
-            pass
-    try:
+        with contextlib.suppress(Exception):  # None, or a closed or odd stream: its text stays where it is
+            stream.flush()  # type: ignore[union-attr]
+    with contextlib.suppress(Exception):  # no C library to ask (not Linux or macOS): nothing buffered there to lose
         import ctypes
 
         ctypes.CDLL(None).fflush(None)  # every C stdio output stream (printf from an extension)
-    except Exception:  # no C library to ask (not Linux or macOS): nothing buffered there to lose
-        pass
 
 
 # --- judging -------------------------------------------------------------------------------------
