@@ -21,25 +21,24 @@ from te_offload_shim.activation import pth
 
 
 def _enable(args: argparse.Namespace) -> int:
-    try:
-        what, path = pth.enable(args.site)
-    except pth.SiteError as exc:
-        print(f"te-offload-shim enable: {exc}", file=sys.stderr)
-        return 1
-    print(f"te-offload-shim: {what}: {path}")
-    if what != "already enabled" and not args.site:
-        print("te-offload-shim: every Python process of this interpreter now activates the shim at start-up")
-    return 0
+    return _site_command("enable", pth.enable, args.site)
 
 
 def _disable(args: argparse.Namespace) -> int:
+    return _site_command("disable", pth.disable, args.site)
+
+
+def _site_command(name: str, act: Any, site: str | None) -> int:
+    """`enable` or `disable`: what happened to which file, or why it could not."""
     try:
-        what, path = pth.disable(args.site)
+        what, path = act(site)
     except pth.SiteError as exc:
-        print(f"te-offload-shim disable: {exc}", file=sys.stderr)
+        print(f"te-offload-shim {name}: {exc}", file=sys.stderr)
         return 1
     print(f"te-offload-shim: {what}: {path}")
-    for other in pth.pth_files():
+    if name == "enable" and what != "already enabled" and not site:
+        print("te-offload-shim: every Python process of this interpreter now activates the shim at start-up")
+    for other in pth.pth_files() if name == "disable" else ():
         if other["path"] != path:
             print(f"te-offload-shim: still enabled by {other['path']}")
     return 0
@@ -175,26 +174,23 @@ _COMMANDS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-
     parser = argparse.ArgumentParser(
         prog="te-offload-shim", description="Activate te_offload_shim in every Python process, and check it."
     )
     parser.add_argument("-V", "--version", action="version", version=f"te-offload-shim {version_text()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    def command(name: str) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=_COMMANDS[name], description=_COMMANDS[name])
+    def command(name: str, func: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=_COMMANDS[name], description=_COMMANDS[name])
+        p.set_defaults(func=func)
+        return p
 
-    p = command("enable")
-    p.add_argument("--site", metavar="DIR", help="this directory instead of the interpreter's site-packages")
-    p.set_defaults(func=_enable)
-    p = command("disable")
-    p.add_argument("--site", metavar="DIR", help="this directory instead of the interpreter's site-packages")
-    p.set_defaults(func=_disable)
-    p = command("run")
-    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
-    p.set_defaults(func=_run)
-    p = command("status")
+    for name, func in (("enable", _enable), ("disable", _disable)):
+        command(name, func).add_argument(
+            "--site", metavar="DIR", help="this directory instead of the interpreter's site-packages"
+        )
+    command("run", _run).add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    p = command("status", _status)
     p.add_argument("--json", action="store_true", help="machine-readable output (every target)")
     p.add_argument("--all", action="store_true", help="list every target, not only those present here")
     p.add_argument(
@@ -206,18 +202,14 @@ def _parser() -> argparse.ArgumentParser:
         help="a gate: exit 1, saying why, when no activation route is in force, a warning stands, or a target "
         "importable here cannot be patched",
     )
-    p.set_defaults(func=_status)
-    p = command("stats")
+    p = command("stats", _stats)
     p.add_argument("files", nargs="+", metavar="FILE", help="the JSON files TE_OFFLOAD_SHIM_STATS wrote")
-    p.set_defaults(func=_stats)
-    p = command("discover")
+    p = command("discover", _discover)
     p.add_argument("paths", nargs="*", metavar="PATH", help="folders or files (default: installed distributions)")
     p.add_argument("--json", action="store_true", help="every candidate, covered ones included, as JSON")
     p.add_argument("--all", action="store_true", help="list the covered candidates too")
     p.add_argument("-v", "--verbose", action="store_true", help="name each file that could not be scanned, and why")
-    p.set_defaults(func=_discover)
-    p = command("startup-file")
-    p.set_defaults(func=_startup_file)
+    command("startup-file", _startup_file)
     return parser
 
 
@@ -263,11 +255,9 @@ def _any_path_printable() -> Iterator[None]:
     changed: list[Any] = []
     for stream in (sys.stdout, sys.stderr):
         if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
-            try:
+            with contextlib.suppress(Exception):  # a text stream that cannot change: as it was
                 stream.reconfigure(errors="backslashreplace")
-            except Exception:  # a text stream that cannot change: as it was
-                continue
-            changed.append(stream)
+                changed.append(stream)
     try:
         yield
     finally:

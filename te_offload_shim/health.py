@@ -3,9 +3,8 @@
 `collect()` builds the report (a JSON-able dict: `status --json` prints it as it is, with its
 `schema_version`), `assess()` judges it into problems (unhealthy: `status` exits 1) and warnings,
 `strict_failures()` says why `status --strict` fails the gate, `print_report()` writes the human
-form. The judging is data: `CHECKS` over the whole report, and per kind of row (`ROW_CHECKS`:
-the report key holding the rows, and the checks each row goes through), so that a new kind of row
-is its key in `collect()`, its checks and its section in `SECTIONS`. The CLI parses and dispatches.
+form. The judging is one list of findings (`_findings`: the whole report's, then each target row's,
+`_row_findings`), in the order they are printed. The CLI parses and dispatches.
 
 Collecting with `do_import` imports each present target in this process (the package is installed
 here, as the CLI imports it), which is what lets `status --import` report what a real process gets.
@@ -16,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from te_offload_shim import _switches
@@ -47,7 +46,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         row.update(live[row["name"]])
         if do_import:
             row["import_error"] = import_errors.get(row["target"].partition(":")[0])
-    found = versions.versions()
+    found, namesakes = versions.versions()
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "shim": {
@@ -60,7 +59,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         "python": {"version": found["python"], "executable": sys.executable},
         "versions": found,
         # installed distributions named for a framework that hold none of its modules: not its version
-        "namesakes": versions.namesakes(),
+        "namesakes": namesakes,
         "targets": rows,
         "routes": pth.routes(),
         "switches": {name: os.environ[name] for name in _switches.ALL_SWITCHES if name in os.environ},
@@ -71,7 +70,6 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         ],
         "disabled_by": _disabled_by([t.name for t in targets]),
         "user_target_problems": shim["user_target_problems"],
-        "declaration_problems": [p for t in targets for p in versions.declaration_problems(t)],
         "hook_errors": shim["hook_errors"],
         "imported": do_import,
         "import_output": import_output,  # what importing the targets printed or warned (--import)
@@ -201,11 +199,8 @@ def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
 def _scratch_file() -> Any:
     """A file that needs no writable folder (a container's read-only root file system may have no
     usable /tmp): an anonymous memory file where Linux has them, else a temporary file."""
-    if hasattr(os, "memfd_create"):
-        try:
-            return open(os.memfd_create("te-offload-shim-status"), "w+b")
-        except OSError:  # an old kernel, or memfd refused by a seccomp profile
-            pass
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, an old kernel, or refused by a seccomp profile
+        return open(os.memfd_create("te-offload-shim-status"), "w+b")
     import tempfile
 
     return tempfile.TemporaryFile()  # OSError where there is no usable temporary folder either
@@ -213,139 +208,67 @@ def _scratch_file() -> Any:
 
 def _flush_stdout() -> None:
     for stream in (sys.stdout, sys.__stdout__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:  # a closed or odd stream: its text stays where it is
-            pass
-    try:
+        with contextlib.suppress(Exception):  # None, or a closed or odd stream: its text stays where it is
+            stream.flush()  # type: ignore[union-attr]
+    with contextlib.suppress(Exception):  # no C library to ask (not Linux or macOS): nothing buffered there to lose
         import ctypes
 
         ctypes.CDLL(None).fflush(None)  # every C stdio output stream (printf from an extension)
-    except Exception:  # no C library to ask (not Linux or macOS): nothing buffered there to lose
-        pass
 
 
 # --- judging -------------------------------------------------------------------------------------
 
 
-def _switched_off(report: dict[str, Any]) -> Iterator[Finding]:
+def _findings(report: dict[str, Any]) -> Iterator[Finding]:
+    """What is wrong with the report, in the order it is listed: the whole report's first, then each
+    target row's, then the .pth files'."""
+    from te_offload_shim.integrations import versions
+    from te_offload_shim.integrations.user_targets import unknown_switch_text
+
     if not report["shim"]["enabled"]:
         # An operator's choice, not a fault: `status` exits 0 so the same image check passes.
         yield WARNING, f"switched off by {_switches.ENABLE}={os.environ.get(_switches.ENABLE)}: nothing is patched"
     if "*" in _switches.disabled_targets():
         yield WARNING, f"every target is switched off by {_switches.DISABLE}=*: nothing is patched"
-
-
-def _bad_values(report: dict[str, Any]) -> Iterator[Finding]:
     # `TE_OFFLOAD_SHIM=maybe`, `TE_OFFLOAD_SHIM_DISABLE=verll`: the shim goes on as the default says
     yield from ((WARNING, p) for p in _switches.switch_problems(tuple(r["name"] for r in report["targets"])))
-
-
-def _unknown_switches(report: dict[str, Any]) -> Iterator[Finding]:
-    # A warning, not a problem: the shim itself works as the known switches say; the name does nothing.
-    from te_offload_shim.integrations.user_targets import unknown_switch_text
-
     for entry in report["unknown_switches"]:
+        # A warning, not a problem: the shim itself works as the known switches say; the name does nothing.
         yield WARNING, unknown_switch_text(f"{entry['name']}={entry['value']}", entry["closest"])
-
-
-def _wrapt(report: dict[str, Any]) -> Iterator[Finding]:
-    from te_offload_shim.integrations import versions
-
     if not versions.wrapt_ok(report["versions"]["wrapt"]):
         yield PROBLEM, f"wrapt {versions.WRAPT_NEEDED} is needed to patch, found {report['versions']['wrapt']}"
-
-
-def _declared(report: dict[str, Any]) -> Iterator[Finding]:
-    yield from ((PROBLEM, p) for p in report["declaration_problems"])
     yield from ((PROBLEM, f"{_switches.TARGETS}: {p}") for p in report["user_target_problems"])
     yield from ((PROBLEM, f"patching failed: {e}") for e in report["hook_errors"])
-
-
-def _net_error(report: dict[str, Any]) -> Iterator[Finding]:
     if report["net"]["state"] == "error":
         yield PROBLEM, f"flush net: error: {report['net']['detail']}"
-
-
-def _pth_files(report: dict[str, Any]) -> Iterator[Finding]:
+    for row in report["targets"]:
+        yield from _row_findings(report, row)
     problems, warnings = pth.assess(report["routes"]["pth"])
     yield from ((PROBLEM, p) for p in problems)
     yield from ((WARNING, w) for w in warnings)
 
 
-RowCheck = Callable[[dict[str, Any], dict[str, Any]], "Finding | None"]  # (report, row) -> finding
-
-
-def _target_error(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
-    if row.get("state") == "error":
-        return PROBLEM, f"{row['name']}: error: {row.get('detail', '')}"
-    return None
-
-
-def _user_target_absent(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
-    if row.get("state") == "absent" and row.get("user") and row.get("imported"):
+def _row_findings(report: dict[str, Any], row: dict[str, Any]) -> Iterator[Finding]:
+    """What is wrong with one target row."""
+    name, state = row["name"], row.get("state") or ""
+    if state == "error":
+        yield PROBLEM, f"{name}: error: {row.get('detail', '')}"
+    if state == "absent" and row.get("user") and row.get("imported"):
         module, _, attribute = row["target"].partition(":")
-        return PROBLEM, f"{row['name']}: {module} has no attribute {attribute} (misspelt in {_switches.TARGETS}?)"
-    return None
-
-
-def _stacked(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
+        yield PROBLEM, f"{name}: {module} has no attribute {attribute} (misspelt in {_switches.TARGETS}?)"
     if row.get("layers", 0) > 1:
-        return PROBLEM, f"{row['name']}: {row['layers']} shim wrappers stacked on {row['target']}"
-    return None
-
-
-def _import_failed(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
+        yield PROBLEM, f"{name}: {row['layers']} shim wrappers stacked on {row['target']}"
     if row.get("import_error"):
-        return WARNING, f"{row['name']}: import failed: {row['import_error']}"
-    return None
-
-
-def _not_patched(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
-    state = row.get("state") or ""
+        yield WARNING, f"{name}: import failed: {row['import_error']}"
     if report["imported"] and row["would_be_patched"] and row.get("imported") and state != "patched":
-        return WARNING, f"{row['name']}: expected to be patched, state is {state!r}"
-    return None
-
-
-def _unchecked_release(report: dict[str, Any], row: dict[str, Any]) -> Finding | None:
+        yield WARNING, f"{name}: expected to be patched, state is {state!r}"
     if row["in_supported"] is False and row["would_be_patched"]:
-        return WARNING, f"{row['name']}: {row['in_supported_basis']}: a release this entry was not checked on"
-    return None
-
-
-# Each kind of row in the report (its key) and the checks every row of it goes through, in order.
-ROW_CHECKS: dict[str, tuple[RowCheck, ...]] = {
-    "targets": (_target_error, _user_target_absent, _stacked, _import_failed, _not_patched, _unchecked_release),
-}
-
-
-def _rows(report: dict[str, Any]) -> Iterator[Finding]:
-    for kind, checks in ROW_CHECKS.items():
-        for row in report.get(kind, ()):
-            for check in checks:
-                finding = check(report, row)
-                if finding is not None:
-                    yield finding
-
-
-# The checks over the whole report, in the order their findings are listed.
-CHECKS: tuple[Callable[[dict[str, Any]], Iterable[Finding]], ...] = (
-    _switched_off,
-    _bad_values,
-    _unknown_switches,
-    _wrapt,
-    _declared,
-    _net_error,
-    _rows,
-    _pth_files,
-)
+        yield WARNING, f"{name}: {row['in_supported_basis']}: a release this entry was not checked on"
 
 
 def assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(problems, warnings) of a report: a problem makes it unhealthy."""
-    findings = [finding for check in CHECKS for finding in check(report)]
+    findings = list(_findings(report))
     return [t for kind, t in findings if kind == PROBLEM], [t for kind, t in findings if kind == WARNING]
 
 
@@ -371,7 +294,7 @@ def _fixed(row: dict[str, Any]) -> str:
     return f"{answer} (from {row['fixed_in']})" if row["fixed_in"] and row["present"] else answer
 
 
-def _print_shim(report: dict[str, Any], show_all: bool) -> None:
+def _print_shim(report: dict[str, Any]) -> None:
     shim = report["shim"]
     print(f"te-offload-shim {shim['version']} ({shim['path']})")
     # `enabled` is the switch, not the state: where the shim acts is `in force here` below
@@ -423,7 +346,7 @@ def _present_first(rows: list[dict[str, Any]], show_all: bool) -> tuple[list[dic
     return (here + elsewhere, []) if show_all else (here, elsewhere)
 
 
-def _print_routes(report: dict[str, Any], show_all: bool) -> None:
+def _print_routes(report: dict[str, Any]) -> None:
     routes = report["routes"]
     print("activation routes:")
     label = {True: "", False: " (outdated)", None: " (not readable by this user)"}
@@ -472,11 +395,7 @@ def _net_line(net: dict[str, Any], installed: bool) -> str:
     return line
 
 
-def _print_net(report: dict[str, Any], show_all: bool) -> None:
-    print(f"flush net: {_net_line(report['net'], report['shim']['installed_here'])}")
-
-
-def _print_findings(report: dict[str, Any], show_all: bool) -> None:
+def _print_findings(report: dict[str, Any]) -> None:
     for warning in report["warnings"]:
         print(f"warning: {warning}")
     if report["import_output"]:
@@ -489,17 +408,10 @@ def _print_findings(report: dict[str, Any], show_all: bool) -> None:
     print("healthy" if report["healthy"] else "UNHEALTHY: " + "; ".join(report["problems"]))
 
 
-# The human report, section by section: (report, show_all) -> printed.
-SECTIONS: tuple[Callable[[dict[str, Any], bool], None], ...] = (
-    _print_shim,
-    _print_targets,
-    _print_routes,
-    _print_net,
-    _print_findings,
-)
-
-
 def print_report(report: dict[str, Any], show_all: bool = False) -> None:
     """The human form of `collect()`'s report; every target row with `show_all`."""
-    for section in SECTIONS:
-        section(report, show_all)
+    _print_shim(report)
+    _print_targets(report, show_all)
+    _print_routes(report)
+    print(f"flush net: {_net_line(report['net'], report['shim']['installed_here'])}")
+    _print_findings(report)

@@ -158,14 +158,12 @@ def pth_files() -> list[dict[str, Any]]:
         if not os.path.isfile(path):
             continue
         entry: dict[str, Any] = {"path": path, "current": None, "readable": False, "mode": None}
-        try:
+        with contextlib.suppress(OSError):
             entry["mode"] = f"{stat.S_IMODE(os.stat(path).st_mode):04o}"
             with open(path, "rb") as f:
                 text = f.read()
             entry["readable"] = True
             entry["current"] = text == PTH_TEXT.encode()  # bytes: a file that is not UTF-8 is simply not ours
-        except OSError:
-            pass
         found.append(entry)
     return found
 

@@ -28,7 +28,6 @@ import sysconfig
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TextIO
 
 FLUSH_CALLS = frozenset({"empty_cache", "clear_memory", "gc_collect", "aggressive_empty_cache"})
 _SAVER_HINT = "memory_saver"
@@ -279,7 +278,7 @@ def files_under(path: Path) -> Iterator[tuple[Path, str]]:
                 yield Path(folder, name), module
 
 
-def scan(files: Iterable[tuple[Path, str]], skipped: list[str] | None = None) -> list[Candidate]:
+def scan(files: Iterable[tuple[Path, str]], skipped: list[str]) -> list[Candidate]:
     """Candidates in `files`. A file that cannot be read or analysed for any reason (one valid
     module can still be too deep for `ast` to build: a sum of 3,000 terms raises RecursionError)
     costs only itself: it goes into `skipped`, with why, and the scan goes on."""
@@ -291,8 +290,7 @@ def scan(files: Iterable[tuple[Path, str]], skipped: list[str] | None = None) ->
             source = file.read_text(encoding="utf-8", errors="replace")
             found.extend(scan_source(source, module, str(file)))
         except Exception as exc:
-            if skipped is not None:
-                skipped.append(f"{file}: {type(exc).__name__}: {exc}")
+            skipped.append(f"{file}: {type(exc).__name__}: {exc}")
     return found
 
 
@@ -325,7 +323,7 @@ def default_paths() -> list[str]:
     return [p for p in sys.path if p and os.path.isdir(p) and os.path.realpath(p) not in skip]
 
 
-def discover(paths: list[str] | None = None, skipped: list[str] | None = None) -> list[Candidate]:
+def discover(paths: list[str], skipped: list[str]) -> list[Candidate]:
     """Every candidate under `paths` (or `default_paths()`), covered ones marked; the files that
     could not be scanned, with why, go into `skipped`. A file under two of the paths is read once."""
     files: dict[Path, str] = {}
@@ -343,15 +341,14 @@ def as_json(candidates: list[Candidate]) -> list[dict[str, object]]:
     return [{**{k: v for k, v in asdict(c).items() if k != "delegates_only"}, "spec": c.spec} for c in candidates]
 
 
-def print_text(candidates: list[Candidate], show_all: bool, out: TextIO | None = None) -> None:
-    stream = out or sys.stdout
+def print_text(candidates: list[Candidate], show_all: bool) -> None:
     shown = [c for c in candidates if show_all or not c.covered]
     for c in shown:
         note = f"  [covered: {c.covered_by}]" if c.covered else ""
-        print(f"{c.target}  {c.file}:{c.line}  {c.reason}{note}", file=stream)
+        print(f"{c.target}  {c.file}:{c.line}  {c.reason}{note}")
     new = [c for c in candidates if not c.covered]
     covered = len(candidates) - len(new)
-    print(f"te-offload-shim discover: {len(new)} not covered, {covered} covered", file=stream)
+    print(f"te-offload-shim discover: {len(new)} not covered, {covered} covered")
     if new:
         specs = dict.fromkeys(c.spec for c in new)  # one per target, however many copies were found
-        print(f"TE_OFFLOAD_SHIM_TARGETS={','.join(specs)}", file=stream)
+        print(f"TE_OFFLOAD_SHIM_TARGETS={','.join(specs)}")

@@ -25,7 +25,7 @@ import os
 import pathlib
 import platform
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from importlib import metadata, util
 from importlib.machinery import EXTENSION_SUFFIXES
 from typing import Any
@@ -162,43 +162,16 @@ def _installed(path: tuple[str, ...]) -> list[tuple[str, str, metadata.PathDistr
     return found
 
 
-def declaration_problems(target: Target) -> list[str]:
-    """What is malformed in a target's release declaration (targets.py); [] when it is sound."""
-    from packaging.specifiers import InvalidSpecifier, SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    problems = []
-    if target.supported is not None:
-        try:
-            if not SpecifierSet(target.supported):
-                problems.append(f"{target.name}: supported: {target.supported!r} matches every release (say None)")
-        except InvalidSpecifier as exc:
-            problems.append(f"{target.name}: supported: bad specifier: {exc}")
-    if target.fixed_in is not None:
-        try:
-            Version(target.fixed_in)
-        except InvalidVersion as exc:
-            problems.append(f"{target.name}: fixed_in: {exc}")
-    if (target.supported is not None or target.fixed_in is not None) and not target.distribution:
-        problems.append(f"{target.name}: releases are declared without the distribution they are of")
-    if (target.fixed_in is None) != (target.fixed_marker is None):
-        problems.append(
-            f"{target.name}: fixed_in and fixed_marker go together (the version for status, the marker at run time)"
-        )
-    if target.supported is None and target.distribution and not target.note:
-        problems.append(f"{target.name}: no supported releases and no note saying which revisions have it")
-    return problems
-
-
 def _own(held: dict[str, Any], distribution: str | None) -> bool:
     """Whether the distribution holding the module is the entry's own (a fork's version is not the framework's)."""
     return held["holder"] is not None and _normal(held["holder"]) == _normal(distribution or "")
 
 
 def _match(
-    target: Target, dist_version: str | None, held: dict[str, Any] | None, match: Callable[[Any], bool]
+    target: Target, dist_version: str | None, held: dict[str, Any] | None, match: Callable[[Any], bool], said: str
 ) -> tuple[bool | None, str]:
-    """`match` of the installed release (a packaging Version), or (None, why it cannot be told)."""
+    """`match` of the installed release (a packaging Version) and how we know (`said`: what is
+    written for yes and for no, `|` between them), or (None, why it cannot be told)."""
     if held is not None and held["file"] is not None and held["holder"] is None:
         return None, no_holder_reason(target, held)
     if held is not None and held["holder"] is not None and not _own(held, target.distribution):
@@ -208,9 +181,10 @@ def _match(
     from packaging.version import Version
 
     try:
-        return match(Version(dist_version)), ""
+        found = match(Version(dist_version))
     except ValueError as exc:  # InvalidVersion and InvalidSpecifier are ValueErrors
         return None, str(exc)
+    return found, f"{target.distribution} {dist_version} {said.split('|')[0 if found else 1]}"
 
 
 def no_holder_reason(target: Target, held: dict[str, Any]) -> str:
@@ -229,10 +203,8 @@ def fixed_upstream(
     from packaging.version import Version
 
     fixed_in = target.fixed_in
-    fixed, why = _match(target, dist_version, held, lambda found: found >= Version(fixed_in))
-    if fixed is None:
-        return None, why
-    return fixed, f"{target.distribution} {dist_version} {'>=' if fixed else '<'} {fixed_in} (by version)"
+    said = f">= {fixed_in} (by version)|< {fixed_in} (by version)"
+    return _match(target, dist_version, held, lambda found: found >= Version(fixed_in), said)
 
 
 def in_supported(
@@ -245,49 +217,35 @@ def in_supported(
     from packaging.specifiers import SpecifierSet
 
     supported = target.supported
-    inside, why = _match(target, dist_version, held, lambda found: SpecifierSet(supported).contains(found, True))
-    if inside is None:
-        return None, why
-    return inside, f"{target.distribution} {dist_version} {'in' if inside else 'not in'} {supported}"
+    inside = f"in {supported}|not in {supported}"
+    return _match(target, dist_version, held, lambda found: SpecifierSet(supported).contains(found, True), inside)
 
 
-def _frameworks() -> Iterator[tuple[str, dict[str, Any]]]:
-    """(distribution, `holder()` of its watched module) for each entry of a framework outside CORE."""
+def versions() -> tuple[dict[str, str | None], dict[str, list[str]]]:
+    """(versions, namesakes). Versions: Python and the packages an operator asks about, frameworks
+    included; a framework's version is that of the distribution holding its modules (None when an
+    installed one of its name holds none of them). Namesakes: the installed distributions named for
+    a framework that hold none of its watched modules, by that name (`{"roll": ["roll 0.13.4"]}`
+    for PyPI's unrelated `roll`)."""
     from te_offload_shim.integrations.targets import BUILTIN
 
-    for target in BUILTIN:
-        if target.distribution and target.distribution not in CORE:
-            yield target.distribution, holder(target.module, target.distribution)
-
-
-def versions() -> dict[str, str | None]:
-    """Python and the packages an operator asks about, frameworks included: a framework's version
-    is that of the distribution holding its modules (None when an installed one of its name holds
-    none of them: `namesakes()` says which)."""
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in CORE:
         found[name] = te_version() if name == "transformer-engine" else version(name)
-    for distribution, held in _frameworks():
-        if _own(held, distribution):
-            found[distribution] = held["version"]
-        else:
-            found.setdefault(distribution, None)
-    return found
-
-
-def namesakes() -> dict[str, list[str]]:
-    """Installed distributions named for a framework that hold none of its watched modules, by
-    that name: `{"roll": ["roll 0.13.4"]}` for PyPI's unrelated `roll`."""
     by_name: dict[str, list[dict[str, Any]]] = {}
-    for distribution, held in _frameworks():
-        by_name.setdefault(distribution, []).append(held)
-    out = {}
+    for target in BUILTIN:  # each entry of a framework outside CORE, by the file of its watched module
+        distribution = target.distribution
+        if distribution and distribution not in CORE:
+            held = holder(target.module, distribution)
+            by_name.setdefault(distribution, []).append(held)
+            found[distribution] = held["version"] if _own(held, distribution) else found.get(distribution)
+    namesakes = {}
     for name, helds in by_name.items():
         holding = {h["holder"] + " " + h["version"] for h in helds if h["holder"] is not None}
         others = [n for n in dict.fromkeys(n for h in helds for n in h["namesakes"]) if n not in holding]
         if others:
-            out[name] = others
-    return out
+            namesakes[name] = others
+    return found, namesakes
 
 
 def wrapt_ok(found: str | None) -> bool:

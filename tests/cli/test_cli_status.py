@@ -54,7 +54,6 @@ def test_status_reads_versions_without_importing_anything() -> None:
     assert verl["present"] is True and verl["version"] == "0.8.0" and verl["fixed_upstream"] is False
     assert verl["fixed_upstream_basis"] == "verl 0.8.0 < 0.9.0 (by version)"
     assert (verl["supported"], verl["in_supported"], verl["fixed_in"]) == (">=0.4.0", True, "0.9.0")
-    assert s["declaration_problems"] == []
     assert verl["would_be_patched"] is True and verl["disabled"] is False
     mcore = rows["megatron-core"]
     assert mcore["present"] is True and mcore["version"] == metadata.version("megatron-core")

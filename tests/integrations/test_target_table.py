@@ -23,6 +23,36 @@ from te_offload_shim.integrations.targets import BUILTIN, Target
 TABLE = {t.name: t for t in BUILTIN}
 
 
+def declaration_problems(target: Target) -> list[str]:
+    """What is malformed in a target's release declaration (targets.py); [] when it is sound. A check
+    of the table as written, for its contributors: no user can change it (`TE_OFFLOAD_SHIM_TARGETS`
+    entries declare no releases), so `status` does not ask it."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    problems = []
+    if target.supported is not None:
+        try:
+            if not SpecifierSet(target.supported):
+                problems.append(f"{target.name}: supported: {target.supported!r} matches every release (say None)")
+        except InvalidSpecifier as exc:
+            problems.append(f"{target.name}: supported: bad specifier: {exc}")
+    if target.fixed_in is not None:
+        try:
+            Version(target.fixed_in)
+        except InvalidVersion as exc:
+            problems.append(f"{target.name}: fixed_in: {exc}")
+    if (target.supported is not None or target.fixed_in is not None) and not target.distribution:
+        problems.append(f"{target.name}: releases are declared without the distribution they are of")
+    if (target.fixed_in is None) != (target.fixed_marker is None):
+        problems.append(
+            f"{target.name}: fixed_in and fixed_marker go together (the version for status, the marker at run time)"
+        )
+    if target.supported is None and target.distribution and not target.note:
+        problems.append(f"{target.name}: no supported releases and no note saying which revisions have it")
+    return problems
+
+
 def test_installed_pre_releases_and_local_builds_count_as_the_release_they_are() -> None:
     """pip's rule for what is already installed (`prereleases=True`): a `0.9.1rc1` or a local build
     is inside `>=0.4.0`; packaging's default would call a pre-release outside every set that does not
@@ -49,13 +79,13 @@ def test_bad_specifiers_are_declaration_problems(bad: str) -> None:
     """What packaging refuses, and the empty set (which would match every release), is reported."""
     target = Target("bad", "m", "f", requires="d")
     target.supported = bad  # as read from `requires`: a string that is no requirement cannot say it
-    problems = versions.declaration_problems(target)
+    problems = declaration_problems(target)
     assert len(problems) == 1 and problems[0].startswith("bad: supported: "), problems
 
 
 @pytest.mark.subprocess(fresh=True)
 def test_every_builtin_declaration_is_sound() -> None:
-    assert [p for t in BUILTIN for p in versions.declaration_problems(t)] == []
+    assert [p for t in BUILTIN for p in declaration_problems(t)] == []
     assert all((t.skip is None or callable(t.skip)) for t in BUILTIN)
 
 
@@ -68,10 +98,8 @@ def test_malformed_declarations_are_reported_and_status_survives_them() -> None:
         "silent": Target("silent", "m", "f", requires="d"),
     }
     for name, target in cases.items():
-        assert versions.declaration_problems(target), name
-    assert (
-        "supported: bad specifier: Invalid specifier: '=>0.4.0'" in versions.declaration_problems(cases["bad-spec"])[0]
-    )
+        assert declaration_problems(target), name
+    assert "supported: bad specifier: Invalid specifier: '=>0.4.0'" in declaration_problems(cases["bad-spec"])[0]
     assert versions.in_supported(cases["bad-spec"], "1.0")[0] is None
     assert versions.fixed_upstream(cases["bad-fix"], "1.0")[0] is None
 
