@@ -53,28 +53,6 @@ def _worker_module() -> dict:
     return module.state  # type: ignore[attr-defined]
 
 
-@pytest.mark.skipif(sys.version_info < (3, 13), reason="a frame's locals are read from 3.13 (PEP 667) only")
-@pytest.mark.subprocess()
-def test_a_ddp_whose_only_holder_is_a_frame_is_found_in_a_frozen_heap() -> None:
-    import gc
-
-    import te_offload_shim as shim
-    from harness import megatron_world as w
-
-    def worker() -> tuple[int, int]:
-        ddp = w.wrap_ddp(w.build_gpt(layers=2, hidden=16, vocab=32))  # a local, and nothing else
-        entries = w.attach_fp8_caches(ddp)
-        gc.freeze()
-        try:
-            _offload_every_buffer(ddp)
-        finally:
-            gc.unfreeze()
-        return entries, w.cache_state([ddp])["entries"]
-
-    assert worker() == (9, 0)
-    assert shim.stats()["errors"] == 0
-
-
 @pytest.mark.subprocess()
 def test_the_owner_search_finds_the_ddp_with_the_collector_disabled() -> None:
     import gc
@@ -106,7 +84,7 @@ def test_a_search_that_finds_no_ddp_says_so_in_status_and_once_in_the_log(caplog
         buffer.offload_to_cpu()
         assert buffer.param_data.untyped_storage().size() == 0, "the offload itself ran"
         buffer.reload_from_cpu()
-    said = [m for m in (r.getMessage() for r in caplog.records) if m.startswith("te_offload_shim") and "Parallel" in m]
+    said = [r.getMessage() for r in caplog.records if r.name == "te_offload_shim" and "Parallel" in r.getMessage()]
     assert len(said) == 1 and "clear nothing" in said[0], said
     row = next(r for r in shim.status()["targets"] if r["name"] == "megatron-core")
     assert row["state"] == "patched", row
@@ -135,7 +113,7 @@ def test_the_net_armed_after_gc_freeze_says_what_it_did_not_search(
         import te_offload_shim as shim
         from te_offload_shim import cli
 
-        net_case.offload_like_areal(layer)
+        net_case.offload_off_the_device_type(layer)
         import torch
 
         torch.cuda.empty_cache()

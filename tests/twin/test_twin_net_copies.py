@@ -64,8 +64,7 @@ def _offload_and_flush(layers: list[Any]) -> list[int]:
     import torch
 
     for layer in layers:
-        for p in layer.parameters():
-            p.data = p.data.to("meta")
+        layer.to("meta")
     torch.cuda.empty_cache()
     return [len(layer.__dict__["_fp8_workspaces"]) for layer in layers]
 
