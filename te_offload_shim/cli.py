@@ -86,7 +86,11 @@ def _say_if_inert(command: list[str], env: dict[str, str]) -> None:
         if not line.startswith("#!") or "python" not in line:
             return  # not a Python program (a shell script, a binary): nothing to ask
         python = line[2:].split()
-    probe = "import importlib.util as u;print(*[n for n in ('te_offload_shim','wrapt') if not u.find_spec(n)])"
+    # Python 2.7 has no importlib.util (and no print function): there, both count as missing
+    probe = (
+        "import sys\ntry:\n import importlib.util as u\nexcept ImportError:\n u = None\n"
+        "sys.stdout.write(' '.join(n for n in ('te_offload_shim', 'wrapt') if u is None or not u.find_spec(n)))"
+    )
     try:
         proc = subprocess.run([*python, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, child_env
+from support import stats_rank
 
 TARGETS = REPO / "tests" / "hostile" / "targets"
 SHIM = [sys.executable, "-m", "te_offload_shim"]
@@ -63,29 +64,12 @@ def test_json_rows_are_status_rows_with_what_is_installed() -> None:
     assert rows["shim_targets:offload"]["state"] == "patched" and rows["shim_targets:offload"]["layers"] == 1
 
 
-def _one_rank(rank: str, clearings: int) -> None:
-    """A rank of a job (a spawned process): `clearings` offloads that clear, then one that clears
-    nothing, which only the file written at exit counts."""
-    os.environ["RANK"] = rank
-    sys.path.insert(0, str(TARGETS))
-    sys.path.insert(0, str(REPO / "tests" / "hostile"))
-    import shim_targets
-    from hostile_util import cached_layer
-
-    import te_offload_shim
-
-    assert te_offload_shim.installed()
-    for _ in range(clearings):
-        shim_targets.offload([cached_layer()])
-    shim_targets.offload([])
-
-
 def test_two_ranks_stats_files_are_written_at_exit_and_summed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TE_OFFLOAD_SHIM_TARGETS", "shim_targets:offload")
     monkeypatch.setenv("TE_OFFLOAD_SHIM_STATS", str(tmp_path / "stats-{rank}.json"))
     spawn = multiprocessing.get_context("spawn")
     for rank, clearings in (("0", 1), ("1", 2)):
-        process = spawn.Process(target=_one_rank, args=(rank, clearings))
+        process = spawn.Process(target=stats_rank.one_rank, args=(rank, clearings))
         process.start()
         process.join(120)
         assert process.exitcode == 0

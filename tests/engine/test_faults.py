@@ -334,4 +334,5 @@ def test_fail_open_hands_on_the_applications_exception_raises_in_strict_and_else
     for _ in range(2):
         fail_open(own, "test-fail-open:own", "te_offload_shim: failed: %r", own)
     said = [r.getMessage() for r in caplog.records if "failed: RuntimeError" in r.getMessage()]
-    assert said == ['te_offload_shim: failed: RuntimeError("the shim\'s own")'], said
+    # without the shim's prefix: caplog's format shows `%(name)s`, and the name is said once
+    assert said == ['failed: RuntimeError("the shim\'s own")'], said

@@ -37,7 +37,9 @@ def test_the_demo_shows_te_caches_cleared_by_the_shim_and_by_its_net_and_bit_ide
     assert "In the 3 runs the losses are bit-identical (4 of 4)" in out, out
     # the net's one line names the copy's flush: verl's file, loaded as another module, in its offload function
     line = re.search(
-        r"^  te_offload_shim: an offload the target table does not know left 4 FP8 weight caches .*$", out, re.M
+        r"^  te_offload_shim: \[rank 0\] an offload the target table does not know left 4 FP8 weight caches .*$",
+        out,
+        re.M,
     )
     assert line is not None, out
     assert line[0].endswith("verl/utils/megatron_utils.py:545 in offload_megatron_model_to_cpu"), line[0]
