@@ -316,13 +316,23 @@ class _Chained:
 
     def _exec(self, module):  # type: (ModuleType) -> None
         self._unchain(module)
-        self._loader.exec_module(module)
-        _fire(self._name, module)
+        depth = _local.__dict__.get("depth", 0)  # chained imports running on this thread, outside in
+        _local.depth = depth + 1
+        try:
+            self._loader.exec_module(module)
+        finally:
+            _local.depth = depth
+        _fire(self._name, module, depth)
 
     def _load(self, fullname):  # type: (str) -> ModuleType
-        module = self._loader.load_module(fullname)
+        depth = _local.__dict__.get("depth", 0)
+        _local.depth = depth + 1
+        try:
+            module = self._loader.load_module(fullname)
+        finally:
+            _local.depth = depth
         self._unchain(module)
-        _fire(self._name, module)
+        _fire(self._name, module, depth)
         return module
 
     def _unchain(self, module):  # type: (Any) -> None
@@ -336,13 +346,15 @@ class _Chained:
                 pass
 
 
-def _fire(name=None, module=None):  # type: (str | None, Any) -> None
-    # The callbacks of `name`, whose body has just run in `module`, then of every module due. An
-    # import chained only for what is due (name None) never waits for another thread's firing: it
-    # may be a module that firing is importing right now (wrapt, logging), and that thread takes
-    # what is due when its callback returns.
+def _fire(name=None, module=None, nested=0):  # type: (str | None, Any, int) -> None
+    # The callbacks of `name`, whose body has just run in `module`, then of every module due. What is
+    # due fires only at the end of the outermost import of this thread (`nested` 0): inside another
+    # module's import (a package's submodule: wrapt.wrappers inside wrapt) that module is half built,
+    # and a callback importing it would get it so. An import chained only for what is due (name
+    # None) never waits for another thread's firing: it may be a module that firing is importing
+    # right now (wrapt, logging), and that thread takes what is due when its callback returns.
     me = _thread.get_ident()
-    if me in _busy or (name is None and _busy):
+    if me in _busy or (name is None and (_busy or nested)):
         return  # inside a callback on this thread: `name` is due when it returns
     with _lock:
         _busy.append(me)
@@ -351,7 +363,7 @@ def _fire(name=None, module=None):  # type: (str | None, Any) -> None
                 if name is not None and name in _watched:
                     _on_import(name, module)
                     _fired[name] = module  # after: callbacks an interrupt cut short are due again
-                due = _due()
+                due = None if nested else _due()
                 if not due:
                     return
                 name, module = due[0]

@@ -167,8 +167,8 @@ def rank() -> str | None:
     it is initialised (read only where torch is imported already), else None (no distributed job)."""
     for name in RANK_VARIABLES:
         value = os.environ.get(name, "").strip()
-        if value:
-            return value
+        if value.isdigit():  # anything else (`abc`, `-1`, `1/2`) is no rank: the next variable is asked
+            return str(int(value))  # `00` is rank 0
     dist = sys.modules.get("torch.distributed")
     try:
         return str(dist.get_rank()) if dist is not None and dist.is_initialized() else None

@@ -123,6 +123,8 @@ def _stats(args: argparse.Namespace) -> int:
         try:
             with open(path, encoding="utf-8") as file:
                 documents.append(json.load(file))
+            if not isinstance(documents[-1], dict):
+                raise ValueError(f"a JSON {type(documents[-1]).__name__}, not the object a stats file holds")
         except (OSError, ValueError) as exc:
             print(f"te-offload-shim stats: cannot read {path}: {exc}", file=sys.stderr)
             return 2

@@ -90,7 +90,9 @@ def strict_failures(report: dict[str, Any]) -> list[str]:
     """Why `status --strict` fails: no activation route in force for this interpreter (the CLI's own
     import of the package is no route), any warning, a target present here that would not be patched."""
     failures = [f"warning: {w}" for w in report["warnings"]]
-    if report["routes"]["in_force"].startswith("none"):
+    in_force = report["routes"]["in_force"]
+    if in_force.startswith("none") or in_force == "PYTHONSTARTUP (interactive only)":
+        # PYTHONSTARTUP runs in interactive sessions only: `python train.py` would get no shim
         failures.insert(0, "no activation route is in force for this interpreter (te-offload-shim enable, or run)")
     for row in report["targets"]:
         if row["present"] and not row["would_be_patched"] and not row["disabled"] and row["fixed_upstream"] is not True:

@@ -204,8 +204,9 @@ def _untraced(function: Callable[[str], None]) -> Callable[[str], None]:
 
 def _before_flush(label: str) -> None:
     """Clear the caches of every live TE layer whose weights have left the device. Never raises
-    (but in strict mode): the flush runs whatever happens here."""
-    _inside.on = True
+    (but in strict mode): the flush runs whatever happens here. The per-thread mark is put back as
+    it was found (the wrapper set it; a direct call, the benchmark's, must not leave it set)."""
+    was, _inside.on = getattr(_inside, "on", False), True
     try:
         if not (_switches.enabled() and _switches.net()):
             return
@@ -223,6 +224,8 @@ def _before_flush(label: str) -> None:
             "te_offload_shim: the flush net failed (%s); the flush goes on without it",
             _describe(exc),
         )
+    finally:
+        _inside.on = was
 
 
 def _cleared(label: str, report: caches.CacheReport) -> None:

@@ -9,6 +9,7 @@ loading what clears.
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import json
 import logging
@@ -47,6 +48,7 @@ def _zero() -> dict[str, Any]:
 _lock = kept(globals(), "_lock", Lock)
 _c: dict[str, Any] = kept(globals(), "_c", _zero)
 _at_exit: list[object] = kept(globals(), "_at_exit", list)
+_write_lock = kept(globals(), "_write_lock", Lock)  # the stats file's
 
 
 def _counting() -> None:
@@ -191,11 +193,15 @@ def write_file() -> None:
         return
     try:
         path = template.replace("{rank}", _switches.rank() or "none").replace("{pid}", str(os.getpid()))
-        data = json.dumps(snapshot(), default=str)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as file:
-            file.write(data)
-        os.replace(temporary, path)
+        # One writer at a time, each with a temporary file of its own: two threads' clearings (a
+        # wrapped offload, a flush) never replace each other's half-written file, and the snapshot
+        # taken last is the one that lands last.
+        with _write_lock:
+            data = json.dumps(snapshot(), default=str)
+            temporary = f"{path}.{os.getpid()}.{_thread.get_ident()}.tmp"
+            with open(temporary, "w", encoding="utf-8") as file:
+                file.write(data)
+            os.replace(temporary, path)
     except Exception as exc:
         warn_once(
             f"stats-file:{type(exc).__name__}",

@@ -4,13 +4,16 @@ silent: a missing path, a closed pipe, a read-only site with nothing to disable,
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, child_env
@@ -83,6 +86,61 @@ def test_two_ranks_stats_files_are_written_at_exit_and_summed(tmp_path: Path, mo
     assert total["by_target"]["shim_targets:offload"]["entries"] == 3 and total["net"]["flushes"] == 0
     missing = _cli("stats", files[0], str(tmp_path / "nope.json"))
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+    (tmp_path / "list.json").write_text("[1, 2]")  # JSON, but no stats file: a line, not a traceback
+    not_stats = _cli("stats", files[0], str(tmp_path / "list.json"))
+    assert not_stats.returncode == 2 and not_stats.stderr.startswith("te-offload-shim stats: cannot read"), not_stats
+
+
+def test_stats_files_written_by_threads_at_once_are_always_whole(tmp_path: Path) -> None:
+    """A wrapped offload and a flush on two threads write the stats file at once: each write has a
+    temporary file of its own (they shared one, and one thread's `os.replace` took the other's)."""
+    import threading
+
+    from te_offload_shim.engine import stats
+
+    path = tmp_path / "stats.json"
+    errors: list[str] = []
+    os.environ["TE_OFFLOAD_SHIM_STATS"] = str(path)
+    try:
+        with _warnings_to(errors):
+
+            def writes() -> None:
+                for _ in range(200):
+                    stats.write_file()
+
+            threads = [threading.Thread(target=writes) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        del os.environ["TE_OFFLOAD_SHIM_STATS"]
+    assert errors == [] and json.loads(path.read_text())["calls"] == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["stats.json"], "no temporary file left"
+
+
+def test_strict_fails_where_only_pythonstartup_would_activate_it() -> None:
+    """PYTHONSTARTUP runs in interactive sessions only: `python train.py` gets no shim from it."""
+    from te_offload_shim.activation import pth
+
+    gate = _cli("status", "--strict", env={"PYTHONSTARTUP": pth.STARTUP_FILE})
+    assert gate.returncode == 1 and "no activation route is in force" in gate.stderr, gate
+
+
+@contextlib.contextmanager
+def _warnings_to(said: list[str]) -> Any:
+    """The shim's log records, as text, into `said` (a handler on its logger)."""
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
+    logger, handler = logging.getLogger("te_offload_shim"), Keep()
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_a_closed_pipe_ends_quietly() -> None:

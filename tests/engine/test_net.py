@@ -151,6 +151,23 @@ def test_a_layer_half_on_the_device_is_left_alone() -> None:
     assert te_offload_shim.status()["net"]["cleared_flushes"] == 0
 
 
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_a_direct_check_leaves_the_next_flush_checked() -> None:
+    """The check called directly (as benchmarks/net.py times it) puts the per-thread mark back as it
+    found it: it left the mark set, and every later flush of that thread skipped the net unsaid."""
+    import torch
+    from support import net_case
+
+    from te_offload_shim.engine import net
+
+    te = net_case.load()
+    layer = net_case.cached_linear(te)
+    net._before_flush("direct")
+    net_case.offload_like_megatron(layer)
+    torch.cuda.empty_cache()
+    assert net_case.entries(layer) == 0, "the flush after a direct check was not checked"
+
+
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_NET": "0", "TE_OFFLOAD_SHIM_TARGETS": "shim_targets:offload"})
 def test_switched_off_the_flush_stays_as_it_was_and_the_table_still_clears() -> None:
     import torch

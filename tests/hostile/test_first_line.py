@@ -77,6 +77,14 @@ def test_pmi_rank_zero_says_it_at_warning(caplog: pytest.LogCaptureFixture) -> N
     assert seen == [logging.WARNING] and line.startswith("[rank 0] ")
 
 
+@pytest.mark.subprocess(env={**TARGET, "RANK": "abc", "SLURM_PROCID": "00"})
+def test_a_value_that_is_no_rank_is_passed_over(caplog: pytest.LogCaptureFixture) -> None:
+    """`RANK=abc` is no rank: the next variable is asked (`00` is rank 0, which says it at WARNING);
+    it was the tag, every process logged at INFO, and a `/` in one went into the stats file's path."""
+    seen, line = _lines(caplog)
+    assert seen == [logging.WARNING] and line.startswith("[rank 0] "), (seen, line)
+
+
 @pytest.mark.subprocess(env={**TARGET, "RANK": "2", "SLURM_PROCID": "0", "PMI_RANK": "0"})
 def test_rank_comes_before_the_launchers_own(caplog: pytest.LogCaptureFixture) -> None:
     seen, line = _lines(caplog)

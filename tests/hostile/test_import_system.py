@@ -81,6 +81,25 @@ def test_a_target_module_that_imports_the_shim_itself_is_patched_at_the_next_imp
     assert rows["imports_the_shim:offload"] == "patched"
 
 
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "imports_the_shim:offload"}, fresh=True)
+def test_what_is_due_fires_after_a_packages_whole_import_not_inside_it() -> None:
+    """Scenario 3, when the next import is the first of wrapt, which the patch itself needs: wrapt's
+    `__init__` imports `wrapt.wrappers` first, and firing at the end of that submodule handed the
+    callback a half-built wrapt (`partially initialized module 'wrapt' has no attribute
+    'BoundFunctionWrapper'`), and the target stayed unpatched for the whole run. What is due fires at
+    the end of the outermost import of the thread."""
+    use_targets()
+    assert "wrapt" not in sys.modules, "a fresh interpreter: the next import is wrapt's first"
+    imports_the_shim = importlib.import_module("imports_the_shim")
+    te_offload_shim = sys.modules["te_offload_shim"]
+    importlib.import_module("wrapt")  # the next import: a package that imports its submodules
+
+    assert te_offload_shim._hook_errors == [], te_offload_shim._hook_errors
+    layer = cached_layer()
+    assert imports_the_shim.offload([layer]) == "offloaded"
+    assert layer._fp8_workspaces == {}, "cleared by the wrapper installed after wrapt's import"
+
+
 class _FrontFinder:
     """A finder that puts itself first and serves one module, as pytest's assertion rewriter does
     for the modules it rewrites."""
