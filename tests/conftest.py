@@ -95,6 +95,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         nodeid, "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:xdist.looponfail",
         "-p", "no:anyio", "-p", "no:randomly", f"--basetemp={basetemp}", "--no-header", "-rN", *opts.get("args", ()),
     ]  # fmt: skip
+    if pyfuncitem.config.option.runxfail:  # the suite's --runxfail holds in the child that runs the test
+        args.append("--runxfail")
     timeout = opts.get("timeout", 180)
     if opts.get("fresh") or opts.get("activate") or opts.get("verl") in LEGACY_VERL or not _zygote.usable():
         rc, out = _fresh(args, env, timeout)
