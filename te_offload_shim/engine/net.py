@@ -49,9 +49,7 @@ _TORCH_MEMORY = os.path.join("torch", "cuda", "memory.py")
 
 # The state below outlives a reload of this module (`kept`).
 _inside = kept(globals(), "_inside", threading.local)
-_arming: dict[str, Any] = kept(
-    globals(), "_arming", lambda: {"state": "not armed", "detail": "", "found": 0, "frozen": 0}
-)
+_arming: dict[str, Any] = kept(globals(), "_arming", lambda: {"state": "not armed", "detail": "", "found": 0})
 
 
 def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...], *, te_ready: bool) -> str:
@@ -71,8 +69,8 @@ def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...],
             hooked = _hook_layers(base)
             wrapped = [point for point in flushes if _wrap_flush(*point)]
             found, frozen = layers.find_existing(base) if te_ready and hooked else (0, 0)
-            _arming["found"], _arming["frozen"] = found, frozen
-            stats.set_net("frozen_not_searched", frozen)
+            _arming["found"] = found
+            stats.set_net("frozen_not_searched", frozen)  # its one owner: the status row reads it there
             if frozen:
                 warn_once(
                     "net:frozen",
@@ -280,7 +278,8 @@ def _describe(exc: BaseException) -> str:
 
 
 def arming() -> dict[str, Any]:
-    """How the net's arming went (state, detail, layers found then, objects frozen then), for its status row."""
+    """How the net's arming went (state, detail, layers found then), for its status row; the objects
+    frozen then are counted in engine/stats.py."""
     return dict(_arming)
 
 

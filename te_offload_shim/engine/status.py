@@ -97,7 +97,7 @@ def net_row(installed: bool) -> NetRow:
         "primary_weight_cleared": counts["primary_weight_cleared"],
         "live_layers": layers.count(),
         "found_at_arming": arming["found"],
-        "frozen_not_searched": arming["frozen"],
+        "frozen_not_searched": counts["frozen_not_searched"],
         "callers": callers,
     }
 
