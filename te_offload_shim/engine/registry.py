@@ -114,6 +114,12 @@ def namespace(module: object) -> dict[str, Any] | None:
     return _shim._module_namespace(module)
 
 
+def finished(module: object) -> bool:
+    """Whether a module in sys.modules has finished importing (its body has run to the end), read as
+    the import hook reads it, without running any of its code."""
+    return bool(_shim._finished(module))
+
+
 def active() -> bool:
     """Whether the shim is installed, as its one owner (the start-up module) says: this module is
     imported with the first patch, not at every interpreter start. `uninstall()` clears the flag

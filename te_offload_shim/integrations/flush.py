@@ -47,8 +47,4 @@ def _finished(name: str) -> bool:
     callback also runs at install() when the shim is imported after TE)."""
     import sys
 
-    d = registry.namespace(sys.modules.get(name))
-    if d is None:
-        return False
-    spec = d.get("__spec__")
-    return not getattr(spec, "_initializing", False)
+    return registry.finished(sys.modules.get(name))
