@@ -1,4 +1,4 @@
-"""`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, stats, discover, startup-file.
+"""`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, stats, startup-file.
 
 Parses the command line and dispatches; what `status` gathers, judges and prints is the health model
 (health.py). Importing this module imports the package, which installs the shim in the CLI's own
@@ -13,7 +13,6 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from te_offload_shim import health
@@ -149,23 +148,9 @@ def _startup_file(args: argparse.Namespace) -> int:
 
 
 def _discover(args: argparse.Namespace) -> int:
-    from te_offload_shim.integrations import discover
-
-    missing = [p for p in args.paths if not os.path.exists(p)]
-    if missing:  # never "0 not covered" for a path that is not there
-        read = sum(1 for p in args.paths if p not in missing for _ in discover.files_under(Path(p)))
-        print(f"te-offload-shim discover: no such path: {', '.join(missing)} ({read} files read)", file=sys.stderr)
-        return 2
-    skipped: list[str] = []
-    candidates = discover.discover(args.paths, skipped)
-    if args.verbose:
-        for line in skipped:
-            print(f"te-offload-shim discover: skipped {line}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(discover.as_json(candidates), indent=2))
-    else:
-        discover.print_text(candidates, args.all)
-    return 0
+    """`discover` left the package in 0.7.0: one line saying where it went, exit 2, whatever followed."""
+    print(f"te-offload-shim discover: {_COMMANDS['discover']}", file=sys.stderr)
+    return 2
 
 
 _COMMANDS = {
@@ -174,7 +159,8 @@ _COMMANDS = {
     "run": "run CMD with the shim active in it and in every Python process below it (PYTHONPATH bootstrap)",
     "status": "versions, targets, activation routes; exit 1 when unhealthy (--strict: also when not in force here)",
     "stats": "sum the TE_OFFLOAD_SHIM_STATS files of a job's processes (JSON)",
-    "discover": "find offload functions the table does not cover (reads source, imports nothing)",
+    "discover": "gone since 0.7.0: the flush net names at run time each offload no entry knows (its log line, "
+    "`status`'s net row: callers); the source scanner is scripts/discover.py in the shim's repository",
     "startup-file": "print the path of the PYTHONSTARTUP file (interactive sessions only)",
 }
 
@@ -210,11 +196,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = command("stats", _stats)
     p.add_argument("files", nargs="+", metavar="FILE", help="the JSON files TE_OFFLOAD_SHIM_STATS wrote")
-    p = command("discover", _discover)
-    p.add_argument("paths", nargs="*", metavar="PATH", help="folders or files (default: installed distributions)")
-    p.add_argument("--json", action="store_true", help="every candidate, covered ones included, as JSON")
-    p.add_argument("--all", action="store_true", help="list the covered candidates too")
-    p.add_argument("-v", "--verbose", action="store_true", help="name each file that could not be scanned, and why")
+    # no option is known to `discover` (prefix "+", no --help): every old command line, `--json` and
+    # `--help` included, gets the line that says where it went
+    p = sub.add_parser("discover", help=_COMMANDS["discover"], prefix_chars="+", add_help=False)
+    p.add_argument("old", nargs="*", help=argparse.SUPPRESS)
+    p.set_defaults(func=_discover)
     command("startup-file", _startup_file)
     return parser
 

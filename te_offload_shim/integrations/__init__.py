@@ -1,7 +1,8 @@
 """The frameworks: the table of entry points to patch (targets, data only) and the rules its
 entries name (rules), the user's targets read at install (user_targets), when upstream fixed itself
-(versions), Megatron's DDP buffers (megatron), Ray's workers and actor copies (ray), and
-the search for offload functions the table lacks (discover).
+(versions), Megatron's DDP buffers (megatron), and Ray's workers and actor copies (ray). Offload
+functions the table lacks are named at run time by the flush net (flush); reading source for them is
+a contributor's script, scripts/discover.py in the repository.
 """
 
 from te_offload_shim.engine import attributes

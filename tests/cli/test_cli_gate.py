@@ -1,6 +1,7 @@
 """The operators' view (issue 36): `status --strict` as a gate, bad switch values in `warnings`,
 `--json` rows that are `status()`'s rows, a job's stats files summed, and a CLI that is never
-silent: a missing path, a closed pipe, a read-only site with nothing to disable, the version."""
+silent: a command that left (`discover`), a closed pipe, a read-only site with nothing to disable,
+the version."""
 
 from __future__ import annotations
 
@@ -150,11 +151,15 @@ def test_a_closed_pipe_ends_quietly() -> None:
     assert (proc.returncode, proc.stderr) == (0, "")
 
 
-def test_discover_on_a_missing_path_exits_2_and_says_what_it_read(tmp_path: Path) -> None:
-    (tmp_path / "a.py").write_text("x = 1\n")
-    proc = _cli("discover", str(tmp_path), "/no/such/path")
+@pytest.mark.parametrize("args", [(), ("--json", "/some/path"), ("--help",), ("-v", "--all")])
+def test_discover_says_in_one_line_where_it_went_whatever_follows(args: tuple[str, ...]) -> None:
+    """`discover` left the package in 0.7.0: an old command line, options and all, is told where to
+    look now (exit 2), not given argparse's "invalid choice" or "unrecognized arguments"."""
+    proc = _cli("discover", *args)
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "te-offload-shim discover: no such path: /no/such/path (1 files read)\n"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("te-offload-shim discover: gone since 0.7.0: the flush net"), lines
+    assert "`status`'s net row" in lines[0] and "scripts/discover.py" in lines[0]
 
 
 def test_disable_with_nothing_to_remove_on_a_read_only_mount(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """A real siiRL offload and reward-model offload on real megatron chunks, for tests running in a fresh
-interpreter (tests/integrations/test_siirl.py, test_discover_rl_wheels.py, the siirl cases of
-tests/support/entries.py). Imports nothing heavy at its top.
+interpreter (tests/integrations/test_siirl.py, tests/tools/test_discover_rl_wheels.py, the siirl
+cases of tests/support/entries.py). Imports nothing heavy at its top.
 
 The releases sit in `.deps/siirl-X`, what their modules import beyond the test venv in
 `.deps/siirl-pydeps` (scripts/setup-env.sh). The workers module imports `flash_attn.bert_padding` at

@@ -1,4 +1,4 @@
-"""`discover`: one file it cannot read costs only itself, and it never waits.
+"""scripts/discover.py: one file it cannot read costs only itself, and it never waits.
 
 - A tree with one file it cannot parse (a 3,000-term sum) reports the others.
 - Without PATH it reads the folders on sys.path, not the distributions' file lists: one with a
@@ -49,7 +49,7 @@ def _distribution(site: Path, name: str, record: str) -> None:
 
 @pytest.mark.subprocess()
 def test_discover_skips_only_the_file_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from te_offload_shim import cli
+    from support.discover_script import main
 
     tree = tmp_path / "tree"
     tree.mkdir()
@@ -60,7 +60,7 @@ def test_discover_skips_only_the_file_it_cannot_read(tmp_path: Path, capsys: pyt
     (tree / "deep_module.py").write_text(_OFFLOAD.format(name="lost", body="pass") + "x = " + sum_of(["1"] * 3000))
     (tree / "plain.py").write_text(_OFFLOAD.format(name="plain", body="pass"))
 
-    assert cli.main(["discover", str(tree)]) == 0
+    assert main(str(tree)) == 0
     out, err = capsys.readouterr()
     assert "deep_function:offload_deep" in out and "plain:offload_plain" in out, out
     assert "offload_lost" not in out and "deep_module" not in err, (out, err)
@@ -68,7 +68,7 @@ def test_discover_skips_only_the_file_it_cannot_read(tmp_path: Path, capsys: pyt
         out.splitlines()[-1] == "TE_OFFLOAD_SHIM_TARGETS=deep_function:offload_deep@models,plain:offload_plain@models"
     ), out
 
-    assert cli.main(["discover", "-v", str(tree)]) == 0
+    assert main("-v", str(tree)) == 0
     out, err = capsys.readouterr()
     skipped = [line for line in err.splitlines() if "deep_module.py" in line]
     assert len(skipped) == 1 and "RecursionError" in skipped[0] and "skipped" in skipped[0], err
@@ -80,7 +80,7 @@ def test_discover_reads_the_path_whatever_a_distributions_record_says(
 ) -> None:
     import sys
 
-    from te_offload_shim import cli
+    from support.discover_script import main
 
     site = tmp_path / "site"
     _distribution(site, "broken_record", "broken_record.py,,\n\n,,\n")  # an empty line: importlib raises TypeError
@@ -92,7 +92,7 @@ def test_discover_reads_the_path_whatever_a_distributions_record_says(
     saved = list(sys.path)
     sys.path[:] = [str(here), str(site)]  # the only folders this interpreter sees now
     try:
-        assert cli.main(["discover", "-v"]) == 0
+        assert main("-v") == 0
     finally:
         sys.path[:] = saved
     out, err = capsys.readouterr()
@@ -106,13 +106,13 @@ def test_discover_reads_the_path_whatever_a_distributions_record_says(
 @pytest.mark.subprocess(timeout=60)
 def test_discover_does_not_wait_on_a_named_pipe(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A named pipe called x.py in the tree (a tool's socket, a test fixture) blocked the read for good."""
-    from te_offload_shim import cli
+    from support.discover_script import main
 
     tree = tmp_path / "tree"
     tree.mkdir()
     os.mkfifo(tree / "pipe.py")
     (tree / "plain.py").write_text(_MEGATRON_OFFLOAD)
-    assert cli.main(["discover", "-v", str(tree)]) == 0
+    assert main("-v", str(tree)) == 0
     out, err = capsys.readouterr()
     assert "plain:offload_megatron_model_to_cpu" in out, out
     assert "pipe.py: OSError: not a regular file" in err, err

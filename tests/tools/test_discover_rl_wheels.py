@@ -1,4 +1,4 @@
-"""`te-offload-shim discover` over the real siiRL and Trinity-RFT wheels (scripts/setup-env.sh).
+"""scripts/discover.py over the real siiRL and Trinity-RFT wheels (scripts/setup-env.sh).
 
 What it reports there (`--json`, every candidate), and that the spec it proposes for siiRL's
 offload functions, declared as a user's own targets with the built-in siiRL entries switched off,
@@ -31,9 +31,9 @@ def _installed() -> list[str]:
 
 
 def _discover(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict]:
-    from te_offload_shim import cli
+    from support.discover_script import main
 
-    assert cli.main(["discover", "--json", *args]) == 0
+    assert main("--json", *args) == 0
     return json.loads(capsys.readouterr().out)
 
 

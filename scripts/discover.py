@@ -1,4 +1,13 @@
-"""`te-offload-shim discover`: find offload functions the table does not know, by reading source.
+"""Find offload functions the table does not know, by reading source: a contributor's tool.
+
+    python3 scripts/discover.py [PATH ...] [--all] [--json] [-v]
+
+It was `te-offload-shim discover` until 0.7.0. A user needs no scan: the flush net clears, at run
+time, the offloads no table entry knows, and names the function that called the flush (the log line
+and `status`'s net row, `callers`): the function an entry or TE_OFFLOAD_SHIM_TARGETS should add.
+Reading source for such functions is the table's contributors' job, so the scanner lives here, with
+its tests (tests/tools/test_discover*.py). Run from a checkout, it reads the table of that checkout's
+package, installed or not.
 
 verl's `offload_megatron_model_to_cpu` has been copied into many forks and frameworks; no table can
 list them all. This scans Python source statically (with `ast`; nothing is imported or run) for
@@ -21,7 +30,9 @@ docs/frameworks.md ("Finding offload functions the table does not know").
 
 from __future__ import annotations
 
+import argparse
 import ast
+import json
 import os
 import sys
 import sysconfig
@@ -29,6 +40,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+PROG = "scripts/discover.py"
+CHECKOUT = Path(__file__).resolve().parents[1]  # the repository this script belongs to
+TARGETS = "TE_OFFLOAD_SHIM_TARGETS"  # the user's own entries, read as the shim reads them
 FLUSH_CALLS = frozenset({"empty_cache", "clear_memory", "gc_collect", "aggressive_empty_cache"})
 _SAVER_HINT = "memory_saver"
 _TEXT_FLUSH = ("empty_cache", "clear_memory", "gc_collect", "pause(")
@@ -296,13 +310,12 @@ def scan(files: Iterable[tuple[Path, str]], skipped: list[str]) -> list[Candidat
 
 def mark_covered(candidates: list[Candidate]) -> None:
     """Mark the candidates the built-in table or TE_OFFLOAD_SHIM_TARGETS names."""
-    from te_offload_shim import _switches
     from te_offload_shim.engine.schema import parse_user_targets
     from te_offload_shim.integrations.targets import BUILTIN
 
-    user, _ = parse_user_targets(os.environ.get(_switches.TARGETS, ""))
+    user, _ = parse_user_targets(os.environ.get(TARGETS, ""))
     table = {t.path: t.name for t in BUILTIN}
-    table.update({t.path: _switches.TARGETS for t in user})
+    table.update({t.path: TARGETS for t in user})
     wrapped_names = {t.attribute.rpartition(".")[2] for t in (*BUILTIN, *user)}
     for candidate in candidates:
         if candidate.covered:
@@ -318,8 +331,11 @@ def mark_covered(candidates: list[Candidate]) -> None:
 
 def default_paths() -> list[str]:
     """Where `discover` looks without PATH: the folders on sys.path (site-packages, PYTHONPATH,
-    editable checkouts), but the standard library's and the current directory."""
-    skip = {os.path.realpath(p) for p in (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"), ".")}
+    editable checkouts), but the standard library's, the current directory, this checkout and its
+    scripts folder (run as a script, Python puts the folder on sys.path and the script the checkout:
+    no installed code)."""
+    stdlib = (sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib"))
+    skip = {os.path.realpath(p) for p in (*stdlib, ".", CHECKOUT, CHECKOUT / "scripts")}
     return [p for p in sys.path if p and os.path.isdir(p) and os.path.realpath(p) not in skip]
 
 
@@ -348,7 +364,41 @@ def print_text(candidates: list[Candidate], show_all: bool) -> None:
         print(f"{c.target}  {c.file}:{c.line}  {c.reason}{note}")
     new = [c for c in candidates if not c.covered]
     covered = len(candidates) - len(new)
-    print(f"te-offload-shim discover: {len(new)} not covered, {covered} covered")
+    print(f"{PROG}: {len(new)} not covered, {covered} covered")
     if new:
         specs = dict.fromkeys(c.spec for c in new)  # one per target, however many copies were found
         print(f"TE_OFFLOAD_SHIM_TARGETS={','.join(specs)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Find offload functions the table does not cover (reads source, imports nothing)."
+    )
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="folders or files (default: the folders on sys.path)")
+    parser.add_argument("--json", action="store_true", help="every candidate, covered ones included, as JSON")
+    parser.add_argument("--all", action="store_true", help="list the covered candidates too")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="name each file that could not be scanned, and why"
+    )
+    args = parser.parse_args(argv)
+    missing = [p for p in args.paths if not os.path.exists(p)]
+    if missing:  # never "0 not covered" for a path that is not there
+        read = sum(1 for p in args.paths if p not in missing for _ in files_under(Path(p)))
+        print(f"{PROG}: no such path: {', '.join(missing)} ({read} files read)", file=sys.stderr)
+        return 2
+    skipped: list[str] = []
+    candidates = discover(args.paths, skipped)
+    if args.verbose:
+        for line in skipped:
+            print(f"{PROG}: skipped {line}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(as_json(candidates), indent=2))
+    else:
+        print_text(candidates, args.all)
+    return 0
+
+
+if __name__ == "__main__":
+    # `te_offload_shim` (the table's names) is this checkout's package, installed or not
+    sys.path.insert(0, str(CHECKOUT))
+    sys.exit(main())
