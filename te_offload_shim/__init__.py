@@ -131,17 +131,18 @@ def install() -> bool:
     `TE_OFFLOAD_SHIM=0`."""
     global _installed, _user_targets, _watched
     needs_table = False
-    if _any_switch_set():  # with none set the defaults hold, and `_switches` need not load
+    names = _switch_names()
+    if names:  # with none set the defaults hold, and `_switches` need not load
         from te_offload_shim import _switches as s
 
         if not s.enabled():
             return False
         # Only a switch that names targets needs the table (or a bad value or name, a warning): most do not.
-        needs_table = bool(s.user_targets() or s.disabled_targets() or s.switch_problems(()) or s.unknown_names())
+        needs_table = bool(s.user_targets() or s.disabled_targets() or not all(map(s.understood, names)))
     with _lock:
         if _installed:
             return True
-        _user_targets = _resolve(_READ_SWITCHES)(_problems) if needs_table else ()
+        _user_targets = _resolve(_READ_SWITCHES)(_problems, names) if needs_table else ()
         _installed = True  # what engine.registry.active() reads: patches may land from here on
         watched = dict(WATCH)
         for target in _user_targets:
@@ -174,18 +175,17 @@ def _uninstall(restore):  # type: (Callable[[BaseException | None], int]) -> int
         return restore(None)
 
 
-def _any_switch_set():  # type: () -> bool
-    # Iterating os.environ decodes every name (about 1 us each, and a cluster job sets hundreds);
-    # CPython's os.environ keeps the encoded names in `_data`, which is scanned as it is.
+def _switch_names():  # type: () -> list[str]
+    # The TE_OFFLOAD_SHIM* names set. Iterating os.environ decodes every name (about 1 us each, and a
+    # cluster job sets hundreds); CPython's os.environ keeps the encoded names in `_data`, which is
+    # scanned as it is: only ours are decoded.
     names = getattr(os.environ, "_data", None)
     encode = getattr(os.environ, "encodekey", None)
-    if type(names) is not dict or encode is None:
-        names, encode = os.environ, str
+    decode = getattr(os.environ, "decodekey", None)
+    if type(names) is not dict or encode is None or decode is None:
+        names, encode, decode = os.environ, str, str
     prefix = encode("TE_OFFLOAD_SHIM")
-    for name in names:
-        if name.startswith(prefix):
-            return True
-    return False
+    return [decode(name) for name in names if name.startswith(prefix)]
 
 
 def _resolve(spec):  # type: (str) -> Any
