@@ -1,13 +1,13 @@
 """The switches that name targets, read once when the shim installs: `TE_OFFLOAD_SHIM_TARGETS`
-(parsed by the engine's schema) and `TE_OFFLOAD_SHIM_DISABLE` (its names checked against the table),
-with one warning for each entry or value that cannot be used, and for each `TE_OFFLOAD_SHIM*`
+(parsed here into the engine's `Target`) and `TE_OFFLOAD_SHIM_DISABLE` (its names checked against the
+table), with one warning for each entry or value that cannot be used, and for each `TE_OFFLOAD_SHIM*`
 name that is no switch (naming the closest one: `TE_OFFLOAD_SHIM_DISABLED` would switch nothing off).
 The checking of the switches as set lives here, next to the wording: `_switches` only reads them.
 
 `install()` calls `read_at_install` only when one of those two is set, or when another switch has a
 value it cannot read, or a name is no switch (`_switches.understood`): a process with no switch set
 never loads this module, the table or logging; one that sets only known switches never loads it
-either. `te-offload-shim status` (health.py) uses it too.
+either. `te-offload-shim status` (health.py) and `api.all_targets` before install use it too.
 """
 
 from __future__ import annotations
@@ -30,8 +30,6 @@ def read_at_install(problems: list[str], names: Iterable[str]) -> tuple[Target, 
     user: tuple[Target, ...] = ()
     warnings: list[tuple[str, str]] = []  # (warn-once key, text)
     if _switches.user_targets():
-        from te_offload_shim.engine.schema import parse_user_targets
-
         user, problems[:] = parse_user_targets(_switches.user_targets())
         warnings += [(f"user-target:{p}", f"ignoring {_switches.TARGETS} entry {p}") for p in problems]
     targets: tuple[str, ...] = ()
@@ -93,3 +91,35 @@ def unknown_switch_text(name: str, closest: str | None) -> str:
     """`TE_OFFLOAD_SHIM_DISABLED is no switch ... (did you mean TE_OFFLOAD_SHIM_DISABLE?)`."""
     hint = f"did you mean {closest}?" if closest else f"the switches: {', '.join(_switches.ALL_SWITCHES)}"
     return f"{name} is no switch of te_offload_shim and does nothing ({hint})"
+
+
+def parse_user_targets(text: str) -> tuple[tuple[Target, ...], list[str]]:
+    """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
+
+    Returns the good entries and one message per malformed entry (the others still work). Names are
+    read as Python reads identifiers (NFKC, PEP 3131): an import statement naming a module in
+    fullwidth letters imports the module of the same name in ASCII, and so does the entry."""
+    from te_offload_shim.engine.schema import Target  # only where the variable is set
+
+    if not text.isascii():  # ASCII as it is, without loading unicodedata
+        import unicodedata
+
+        text = unicodedata.normalize("NFKC", text)
+    targets: list[Target] = []
+    problems: list[str] = []
+    for raw in text.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        path, _, where = entry.partition("@")
+        module, sep, attribute = path.partition(":")
+        parts = attribute.split(".")
+        try:
+            if not sep or not all(p.isidentifier() for p in module.split(".")):
+                raise ValueError("expected pkg.module:function or pkg.module:Class.method")
+            if len(parts) > 2 or not all(p.isidentifier() for p in parts):
+                raise ValueError("attribute must be function or Class.method")
+            targets.append(Target(path, module, attribute, where, user=True))
+        except ValueError as exc:
+            problems.append(f"{entry!r}: {exc}")
+    return tuple(targets), problems
