@@ -251,6 +251,13 @@ def __dir__() -> "list[str]":
 # - The finder moves back to the front of `sys.meta_path` when it finds another in front of it
 #   (pytest's assertion rewriter), so the next watched module is chained again. `sys.meta_path` is
 #   replaced, never edited: another thread's import may be walking it.
+# - Legacy protocols: Python 3.10 and 3.11 still ask a finder that has only `find_module` (3.12
+#   dropped them), so ours asks it in its turn, as they do, and it still serves its modules. A loader
+#   with only `load_module` (any Python up to 3.13 still loads with one) is not chained: its module
+#   fires at the end of the next import (`_due`), as one served by a finder in front of ours does.
+#   Skipping a legacy finder would hand its module to a finder behind it (another module), and
+#   answering None on meeting one would leave every later import unchained where it stands in
+#   front of the path finder: keeping it costs five lines, avoiding it safely more.
 
 _local = _thread._local()  # per thread: `searching` (the names it looks up for the finder), `forking`
 _fired: "dict[str, object]" = {}  # name -> the module object its callbacks ran for
@@ -276,7 +283,7 @@ class _Finder:
         finally:
             searching.discard(fullname)
         loader = getattr(spec, "loader", None)
-        if loader is not None and type(loader) is not _Chained:
+        if hasattr(loader, "exec_module") and type(loader) is not _Chained:  # not a legacy loader
             spec.loader = _Chained(loader, fullname if watched else None)
         return spec
 
@@ -302,19 +309,15 @@ def _find_behind(fullname, path, target):  # type: (str, Any, Any) -> Any
 
 class _Chained:
     # The real loader, then the callbacks of `name` (None: an import chained only to fire what is
-    # due). Everything else of the real loader is read through; `exec_module` or `load_module` is
-    # there only where the real loader has it, since the import system picks the protocol by it.
+    # due). Only a loader with `exec_module` is chained (`_Finder`); everything else of it is read
+    # through.
     def __init__(self, loader, name):  # type: (Any, str | None) -> None
         self._loader, self._name = loader, name
-        if hasattr(loader, "exec_module"):
-            self.exec_module = self._exec
-        elif hasattr(loader, "load_module"):
-            self.load_module = self._load
 
     def __getattr__(self, name):  # type: (str) -> Any
         return getattr(self.__dict__["_loader"], name)
 
-    def _exec(self, module):  # type: (ModuleType) -> None
+    def exec_module(self, module):  # type: (ModuleType) -> None
         self._unchain(module)
         depth = _local.__dict__.get("depth", 0)  # chained imports running on this thread, outside in
         _local.depth = depth + 1
@@ -323,17 +326,6 @@ class _Chained:
         finally:
             _local.depth = depth
         _fire(self._name, module, depth)
-
-    def _load(self, fullname):  # type: (str) -> ModuleType
-        depth = _local.__dict__.get("depth", 0)
-        _local.depth = depth + 1
-        try:
-            module = self._loader.load_module(fullname)
-        finally:
-            _local.depth = depth
-        self._unchain(module)
-        _fire(self._name, module, depth)
-        return module
 
     def _unchain(self, module):  # type: (Any) -> None
         # The real loader back before the body runs: nothing that outlives the import sees ours
