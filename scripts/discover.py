@@ -310,8 +310,8 @@ def scan(files: Iterable[tuple[Path, str]], skipped: list[str]) -> list[Candidat
 
 def mark_covered(candidates: list[Candidate]) -> None:
     """Mark the candidates the built-in table or TE_OFFLOAD_SHIM_TARGETS names."""
-    from te_offload_shim.engine.schema import parse_user_targets
     from te_offload_shim.integrations.targets import BUILTIN
+    from te_offload_shim.integrations.user_targets import parse_user_targets
 
     user, _ = parse_user_targets(os.environ.get(TARGETS, ""))
     table = {t.path: t.name for t in BUILTIN}

@@ -131,17 +131,18 @@ def install() -> bool:
     `TE_OFFLOAD_SHIM=0`."""
     global _installed, _user_targets, _watched
     needs_table = False
-    if _any_switch_set():  # with none set the defaults hold, and `_switches` need not load
+    names = _switch_names()
+    if names:  # with none set the defaults hold, and `_switches` need not load
         from te_offload_shim import _switches as s
 
         if not s.enabled():
             return False
         # Only a switch that names targets needs the table (or a bad value or name, a warning): most do not.
-        needs_table = bool(s.user_targets() or s.disabled_targets() or s.switch_problems(()) or s.unknown_names())
+        needs_table = bool(s.user_targets() or s.disabled_targets() or not all(map(s.understood, names)))
     with _lock:
         if _installed:
             return True
-        _user_targets = _resolve(_READ_SWITCHES)(_problems) if needs_table else ()
+        _user_targets = _resolve(_READ_SWITCHES)(_problems, names) if needs_table else ()
         _installed = True  # what engine.registry.active() reads: patches may land from here on
         watched = dict(WATCH)
         for target in _user_targets:
@@ -174,18 +175,17 @@ def _uninstall(restore):  # type: (Callable[[BaseException | None], int]) -> int
         return restore(None)
 
 
-def _any_switch_set():  # type: () -> bool
-    # Iterating os.environ decodes every name (about 1 us each, and a cluster job sets hundreds);
-    # CPython's os.environ keeps the encoded names in `_data`, which is scanned as it is.
+def _switch_names():  # type: () -> list[str]
+    # The TE_OFFLOAD_SHIM* names set. Iterating os.environ decodes every name (about 1 us each, and a
+    # cluster job sets hundreds); CPython's os.environ keeps the encoded names in `_data`, which is
+    # scanned as it is: only ours are decoded.
     names = getattr(os.environ, "_data", None)
     encode = getattr(os.environ, "encodekey", None)
-    if type(names) is not dict or encode is None:
-        names, encode = os.environ, str
+    decode = getattr(os.environ, "decodekey", None)
+    if type(names) is not dict or encode is None or decode is None:
+        names, encode, decode = os.environ, str, str
     prefix = encode("TE_OFFLOAD_SHIM")
-    for name in names:
-        if name.startswith(prefix):
-            return True
-    return False
+    return [decode(name) for name in names if name.startswith(prefix)]
 
 
 def _resolve(spec):  # type: (str) -> Any
@@ -251,6 +251,13 @@ def __dir__() -> "list[str]":
 # - The finder moves back to the front of `sys.meta_path` when it finds another in front of it
 #   (pytest's assertion rewriter), so the next watched module is chained again. `sys.meta_path` is
 #   replaced, never edited: another thread's import may be walking it.
+# - Legacy protocols: Python 3.10 and 3.11 still ask a finder that has only `find_module` (3.12
+#   dropped them), so ours asks it in its turn, as they do, and it still serves its modules. A loader
+#   with only `load_module` (any Python up to 3.13 still loads with one) is not chained: its module
+#   fires at the end of the next import (`_due`), as one served by a finder in front of ours does.
+#   Skipping a legacy finder would hand its module to a finder behind it (another module), and
+#   answering None on meeting one would leave every later import unchained where it stands in
+#   front of the path finder: keeping it costs five lines, avoiding it safely more.
 
 _local = _thread._local()  # per thread: `searching` (the names it looks up for the finder), `forking`
 _fired: "dict[str, object]" = {}  # name -> the module object its callbacks ran for
@@ -276,7 +283,7 @@ class _Finder:
         finally:
             searching.discard(fullname)
         loader = getattr(spec, "loader", None)
-        if loader is not None and type(loader) is not _Chained:
+        if hasattr(loader, "exec_module") and type(loader) is not _Chained:  # not a legacy loader
             spec.loader = _Chained(loader, fullname if watched else None)
         return spec
 
@@ -302,19 +309,15 @@ def _find_behind(fullname, path, target):  # type: (str, Any, Any) -> Any
 
 class _Chained:
     # The real loader, then the callbacks of `name` (None: an import chained only to fire what is
-    # due). Everything else of the real loader is read through; `exec_module` or `load_module` is
-    # there only where the real loader has it, since the import system picks the protocol by it.
+    # due). Only a loader with `exec_module` is chained (`_Finder`); everything else of it is read
+    # through.
     def __init__(self, loader, name):  # type: (Any, str | None) -> None
         self._loader, self._name = loader, name
-        if hasattr(loader, "exec_module"):
-            self.exec_module = self._exec
-        elif hasattr(loader, "load_module"):
-            self.load_module = self._load
 
     def __getattr__(self, name):  # type: (str) -> Any
         return getattr(self.__dict__["_loader"], name)
 
-    def _exec(self, module):  # type: (ModuleType) -> None
+    def exec_module(self, module):  # type: (ModuleType) -> None
         self._unchain(module)
         depth = _local.__dict__.get("depth", 0)  # chained imports running on this thread, outside in
         _local.depth = depth + 1
@@ -323,17 +326,6 @@ class _Chained:
         finally:
             _local.depth = depth
         _fire(self._name, module, depth)
-
-    def _load(self, fullname):  # type: (str) -> ModuleType
-        depth = _local.__dict__.get("depth", 0)
-        _local.depth = depth + 1
-        try:
-            module = self._loader.load_module(fullname)
-        finally:
-            _local.depth = depth
-        self._unchain(module)
-        _fire(self._name, module, depth)
-        return module
 
     def _unchain(self, module):  # type: (Any) -> None
         # The real loader back before the body runs: nothing that outlives the import sees ours

@@ -4,6 +4,9 @@ Read at call time rather than import time: `TE_OFFLOAD_SHIM=0` or `TE_OFFLOAD_SH
 a running process leaves the next offload alone, and `TE_OFFLOAD_SHIM_STRICT` takes effect at the
 next call. `TE_OFFLOAD_SHIM=0` at start-up also keeps the shim from installing at all.
 `TE_OFFLOAD_SHIM_TARGETS` is read once, when the shim installs (integrations/user_targets.py).
+Only the reading is here: what is wrong with the switches as set (a value that is no 1/0, a name that
+is no switch) is worded by integrations/user_targets.py, at install when `understood` says so and in
+`te-offload-shim status`.
 
 The package's ground floor: it reads environment variables and imports nothing else, so that every
 module may read a switch (and `import te_offload_shim` can load it at start-up when one is set).
@@ -43,6 +46,9 @@ ALL_SWITCHES = (
 # The on/off switches, with what each stays at when unset or set to a value that is no 1/0.
 FLAGS = {ENABLE: True, STRICT: False, FORCE_CUDA_GRAPHS: False, TE_GLOBALS: False, NET: True}
 LOG_LEVELS = {"warning": 30, "info": 20, "debug": 10}
+# The values of the switches that read a closed set of them (empty: as unset); the others take any text
+# (a path, a device type, target names). Any other value is worded by integrations/user_targets.py.
+VALUES = {**dict.fromkeys(FLAGS, frozenset({"", *_TRUE, *_FALSE})), LOG: frozenset({"", *LOG_LEVELS})}
 # Where launchers put the process's global rank: torchrun (and Ray's verl workers), then Slurm's
 # srun, Open MPI's mpirun, MPICH/Intel MPI's PMI.
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -115,42 +121,12 @@ def is_disabled(name: str) -> bool:
     return any(covers(value, name) for value in disabled_targets())
 
 
-def unknown_names() -> list[str]:
-    """The TE_OFFLOAD_SHIM* names set that are no switch (misspelt, they do nothing), sorted."""
-    return sorted(name for name in _names_set() if name not in ALL_SWITCHES)
-
-
-def _names_set() -> list[str]:
-    # The TE_OFFLOAD_SHIM* names in the environment, read where CPython keeps them encoded (`_data`):
-    # iterating os.environ decodes every name (about 1 us each, and a cluster job sets hundreds);
-    # here only ours are decoded.
-    data = getattr(os.environ, "_data", None)
-    encode, decode = getattr(os.environ, "encodekey", None), getattr(os.environ, "decodekey", None)
-    if type(data) is not dict or encode is None or decode is None:
-        return [name for name in os.environ if name.startswith(ENABLE)]
-    prefix = encode(ENABLE)
-    return [decode(name) for name in data if name.startswith(prefix)]
-
-
-def switch_problems(names: tuple[str, ...]) -> list[str]:
-    """What is wrong with the switches as set: values we do not understand, and names in
-    TE_OFFLOAD_SHIM_DISABLE that match no target (a misspelt name would disable nothing). The names
-    that are no switch: `unknown_names()`, worded by integrations/user_targets.py."""
-    problems = []
-    for switch, default in FLAGS.items():
-        value = os.environ.get(switch, "").strip().lower()
-        if value and value not in _TRUE and value not in _FALSE:
-            stays = "on" if default else "off"
-            problems.append(
-                f"{switch}={os.environ[switch]!r} is not 1/0 (true/false, yes/no, on/off); it stays {stays}"
-            )
-    value = os.environ.get(LOG, "").strip()
-    if value and value.lower() not in LOG_LEVELS:
-        problems.append(f"{LOG}={value!r} is not warning, info or debug; the shim's logging is left as it is")
-    for name in sorted(disabled_targets() - {"*"}):
-        if not any(covers(name, n) for n in names):
-            problems.append(f"{DISABLE} names {name!r}, which is no target (known: {', '.join(names)})")
-    return problems
+def understood(name: str) -> bool:
+    """Whether the `TE_OFFLOAD_SHIM*` variable `name` is a switch, unset or set to a value it reads.
+    `install()` asks it of each name set: a name or value it cannot read has integrations/user_targets.py
+    load and say what is wrong, which a process setting only good switches never loads."""
+    value = os.environ.get(name, "").strip().lower()
+    return name in ALL_SWITCHES and (name not in VALUES or value in VALUES[name])
 
 
 def user_targets() -> str:

@@ -57,7 +57,7 @@ def all_targets() -> tuple[Target, ...]:
     if installed:
         return (*BUILTIN, *user_targets)
     from te_offload_shim import _switches
-    from te_offload_shim.engine.schema import parse_user_targets
+    from te_offload_shim.integrations.user_targets import parse_user_targets
 
     return (*BUILTIN, *parse_user_targets(_switches.user_targets())[0])
 

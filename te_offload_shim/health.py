@@ -66,7 +66,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         # TE_OFFLOAD_SHIM* names that are no switch (misspelt: they do nothing), with the closest switch
         "unknown_switches": [
             {"name": name, "value": os.environ.get(name, ""), "closest": closest}
-            for name, closest in unknown_switches()
+            for name, closest in unknown_switches(te_offload_shim._switch_names())
         ],
         "disabled_by": _disabled_by([t.name for t in targets]),
         "user_target_problems": shim["user_target_problems"],
@@ -225,7 +225,7 @@ def _findings(report: dict[str, Any]) -> Iterator[Finding]:
     """What is wrong with the report, in the order it is listed: the whole report's first, then each
     target row's, then the .pth files'."""
     from te_offload_shim.integrations import versions
-    from te_offload_shim.integrations.user_targets import unknown_switch_text
+    from te_offload_shim.integrations.user_targets import switch_problems, unknown_switch_text
 
     if not report["shim"]["enabled"]:
         # An operator's choice, not a fault: `status` exits 0 so the same image check passes.
@@ -233,7 +233,7 @@ def _findings(report: dict[str, Any]) -> Iterator[Finding]:
     if "*" in _switches.disabled_targets():
         yield WARNING, f"every target is switched off by {_switches.DISABLE}=*: nothing is patched"
     # `TE_OFFLOAD_SHIM=maybe`, `TE_OFFLOAD_SHIM_DISABLE=verll`: the shim goes on as the default says
-    yield from ((WARNING, p) for p in _switches.switch_problems(tuple(r["name"] for r in report["targets"])))
+    yield from ((WARNING, p) for p in switch_problems(tuple(r["name"] for r in report["targets"])))
     for entry in report["unknown_switches"]:
         # A warning, not a problem: the shim itself works as the known switches say; the name does nothing.
         yield WARNING, unknown_switch_text(f"{entry['name']}={entry['value']}", entry["closest"])

@@ -1,6 +1,7 @@
-"""The engine's schema of a target: `Target`, its `where` spec (`Where`), its skip rule (`Skip`),
-and the parsing of `TE_OFFLOAD_SHIM_TARGETS`. The built-in table (integrations/targets.py) and the
-user's entries are both made of these; the patcher and the call handler read nothing else.
+"""The engine's schema of a target: `Target`, its `where` spec (`Where`), its skip rule (`Skip`).
+The built-in table (integrations/targets.py) and the user's entries of `TE_OFFLOAD_SHIM_TARGETS`
+(parsed by integrations/user_targets.py) are both made of these; the patcher and the call handler
+read nothing else.
 
 `where` spec, shared by the table and `TE_OFFLOAD_SHIM_TARGETS`: a parameter name (`models`, `self`)
 or a position (`arg0` is the first argument after `self`), then optional `.attr` steps, the last of
@@ -118,39 +119,3 @@ class Target:
 
     def __repr__(self) -> str:
         return f"Target({self.name!r}, {self.path!r})"
-
-
-def nfkc(text: str) -> str:
-    """`text` normalised as Python normalises identifiers (NFKC); ASCII as it is, without loading
-    unicodedata."""
-    if text.isascii():
-        return text
-    import unicodedata
-
-    return unicodedata.normalize("NFKC", text)
-
-
-def parse_user_targets(text: str) -> tuple[tuple[Target, ...], list[str]]:
-    """Parse `TE_OFFLOAD_SHIM_TARGETS`: `pkg.mod:func[@where],pkg.mod:Class.method[@where]`.
-
-    Returns the good entries and one message per malformed entry (the others still work). Names are
-    read as Python reads identifiers (NFKC, PEP 3131): an import statement naming a module in
-    fullwidth letters imports the module of the same name in ASCII, and so does the entry."""
-    targets: list[Target] = []
-    problems: list[str] = []
-    for raw in nfkc(text).split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        path, _, where = entry.partition("@")
-        module, sep, attribute = path.partition(":")
-        parts = attribute.split(".")
-        try:
-            if not sep or not all(p.isidentifier() for p in module.split(".")):
-                raise ValueError("expected pkg.module:function or pkg.module:Class.method")
-            if len(parts) > 2 or not all(p.isidentifier() for p in parts):
-                raise ValueError("attribute must be function or Class.method")
-            targets.append(Target(path, module, attribute, where, user=True))
-        except ValueError as exc:
-            problems.append(f"{entry!r}: {exc}")
-    return tuple(targets), problems

@@ -86,7 +86,7 @@ def test_parse_where_forms() -> None:
 
 
 def test_parse_user_targets_keeps_the_good_and_reports_the_bad() -> None:
-    from te_offload_shim.engine.schema import parse_user_targets
+    from te_offload_shim.integrations.user_targets import parse_user_targets
 
     targets, problems = parse_user_targets(", ".join(GOOD[:2] + MALFORMED + GOOD[2:]) + ",,")
     assert [t.name for t in targets] == NAMES, "order kept, malformed ones dropped, empty ones ignored"

@@ -169,23 +169,75 @@ class _LegacyFinder:
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 dropped find_module finders")
-@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "legacy_target:offload"})
-def test_a_legacy_finder_still_serves_its_module_and_it_is_patched(tmp_path: Path) -> None:
-    """Scenario 4: the module a legacy finder serves is the one imported, with or without us."""
+@pytest.mark.parametrize("where", ["in front, before install", "in front", "behind ours, before the path finder"])
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "legacy_target:offload,disk_target:offload"})
+def test_a_legacy_finder_still_serves_its_module_and_it_is_patched(tmp_path: Path, where: str) -> None:
+    """Scenario 4: the module a legacy finder serves is the one imported, with or without us, wherever
+    it stands; its loader has only `load_module`, which ours does not chain: the module is patched at
+    the end of the process's next import. Every other target is still patched at its own import."""
     import warnings
+    from importlib.machinery import PathFinder
 
     write_module(tmp_path, "legacy_target", "SOURCE = 'disk'\ndef offload(models):\n    return 'disk'\n")
-    sys.meta_path.insert(0, _LegacyFinder())  # type: ignore[arg-type]  # find_module only, no find_spec
-    te_offload_shim = importlib.import_module("te_offload_shim")
+    write_module(tmp_path, "disk_target", "def offload(models):\n    return 'disk'\n")
+    legacy = _LegacyFinder()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ImportWarning)  # 3.10 and 3.11 warn at each import that asks it
+        if where == "in front, before install":
+            sys.meta_path.insert(0, legacy)  # type: ignore[arg-type]  # find_module only, no find_spec
+        te_offload_shim = importlib.import_module("te_offload_shim")
+        from te_offload_shim.engine.patch import shim_layers
+
+        if where == "in front":
+            sys.meta_path.insert(0, legacy)  # type: ignore[arg-type]
+        elif where == "behind ours, before the path finder":
+            sys.meta_path.insert(sys.meta_path.index(PathFinder), legacy)  # type: ignore[arg-type]
+        legacy_target = importlib.import_module("legacy_target")
+        assert legacy_target.SOURCE == "legacy finder", "served by the legacy finder, as without us"
+        assert type(legacy_target.__loader__) is _LegacyLoader
+        assert shim_layers(legacy_target.offload) == 0, "not chained: it is due at the next import"
+        disk_target = importlib.import_module("disk_target")  # the process's next import
+    assert shim_layers(disk_target.offload) == 1, "a target the path finder serves is chained still"
+    assert shim_layers(legacy_target.offload) == 1, "patched at the end of the next import"
+    layer = cached_layer()
+    assert legacy_target.offload([layer]) == "legacy" and layer._fp8_workspaces == {}
+    assert te_offload_shim.status()["hook_errors"] == []
+
+
+class _LegacyLoaderFinder:
+    """A finder of today's protocol whose loader has only `load_module` (any Python up to 3.13 loads
+    with it, warning)."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname != "legacy_loaded":
+            return None
+        source = "SOURCE = 'legacy loader'\ndef offload(models):\n    return 'legacy'\n"
+        return importlib.util.spec_from_loader(fullname, _LegacyLoader(source))  # type: ignore[arg-type]
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "legacy_loaded:offload,disk_target:offload"})
+def test_a_legacy_loader_still_loads_its_module_and_it_is_patched(tmp_path: Path) -> None:
+    """Scenario 4: a loader without `exec_module` is not chained; it loads its module as without us,
+    and the module is patched at the end of the process's next import."""
+    import warnings
+
+    import te_offload_shim
     from te_offload_shim.engine.patch import shim_layers
 
+    write_module(tmp_path, "legacy_loaded", "SOURCE = 'disk'\ndef offload(models):\n    return 'disk'\n")
+    write_module(tmp_path, "disk_target", "def offload(models):\n    return 'disk'\n")
+    sys.meta_path.insert(0, _LegacyLoaderFinder())  # ours moves back in front of it and asks it
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ImportWarning)
-        legacy_target = importlib.import_module("legacy_target")
-    assert legacy_target.SOURCE == "legacy finder"
+        legacy_loaded = importlib.import_module("legacy_loaded")
+    assert legacy_loaded.SOURCE == "legacy loader", "loaded by the finder's loader, as without us"
+    assert type(legacy_loaded.__loader__) is _LegacyLoader
+    assert shim_layers(legacy_loaded.offload) == 0, "not chained: it is due at the next import"
+    disk_target = importlib.import_module("disk_target")  # the process's next import
+    assert shim_layers(disk_target.offload) == 1 and sys.meta_path[0] is te_offload_shim._finder
+    assert shim_layers(legacy_loaded.offload) == 1, "patched at the end of the next import"
     layer = cached_layer()
-    assert legacy_target.offload([layer]) == "legacy" and shim_layers(legacy_target.offload) == 1
-    assert layer._fp8_workspaces == {}
+    assert legacy_loaded.offload([layer]) == "legacy" and layer._fp8_workspaces == {}
     assert te_offload_shim.status()["hook_errors"] == []
 
 

@@ -70,7 +70,7 @@ def test_discover_finds_verl_and_ms_swift_and_imports_nothing(capsys: pytest.Cap
 def test_text_output_and_the_value_to_paste(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     from support.discover_script import main
 
-    from te_offload_shim.engine.schema import parse_user_targets
+    from te_offload_shim.integrations.user_targets import parse_user_targets
 
     megatron = MEGATRON
     needs(megatron / "megatron", f"{megatron} not installed")
