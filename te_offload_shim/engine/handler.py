@@ -20,7 +20,7 @@ from te_offload_shim._log import human_bytes, log, warn_once
 from te_offload_shim._reload import kept
 from te_offload_shim._signals import raised_by_signal_handler
 from te_offload_shim.engine import attributes, registry, stats
-from te_offload_shim.te import caches, process_globals
+from te_offload_shim.te import caches
 from te_offload_shim.te.caching_off import describe
 from te_offload_shim.te.chunks import as_chunks
 
@@ -238,6 +238,8 @@ class Handler:
         )
         _count_clearing(target, report)
         if _switches.te_globals():  # opt-in: TE's re-creatable globals too, after the caches
+            from te_offload_shim.te import process_globals  # loaded only where it is asked for
+
             process_globals.give_back(report)
         # A clearing limited to some layers (megatron-core's: one buffer's) covers no whole chunk.
         return models, frozenset(id(c) for c in chunks) if params is None else _NONE
