@@ -38,8 +38,9 @@ TOOLS = (
     "te_offload_shim.integrations.versions",
 )
 # Runtime, loaded only when asked for (`residue()`, TE_OFFLOAD_SHIM_AUDIT; stats() reads the audit only
-# while it is on; TE_OFFLOAD_SHIM_TE_GLOBALS): not by a plain training run
+# while it is on; TE_OFFLOAD_SHIM_TE_GLOBALS; stats() and TE_OFFLOAD_SHIM_STATS): not by a plain training run
 ON_REQUEST = (
+    "te_offload_shim.engine.stats_file",
     "te_offload_shim.reports.residue",
     "te_offload_shim.reports.process_memory",
     "te_offload_shim.reports.audit",
