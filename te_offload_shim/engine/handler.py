@@ -111,7 +111,10 @@ class Handler:
                 inside.covered = covered | cleared
             pending = None
             if depth == 0 and _switches.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
-                pending = self._begin_audit(models, instance, args, kwargs)
+                from te_offload_shim.reports import audit  # loaded only where the audit is on
+
+                # a call left alone (or the shim off) has its chunks found for the audit, by the audit
+                pending = audit.begin(self.target, models, lambda: self._models(instance, args, kwargs))
             inside.busy = False
             result = wrapped(*args, **kwargs)
             if pending is not None:
@@ -146,17 +149,10 @@ class Handler:
             )
         return None, _NONE
 
-    def _begin_audit(self, models: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        from te_offload_shim.reports import audit
-
-        try:
-            if models is None:  # the call was left alone (or the shim is off): find the chunks for the audit
-                call = self._bind(instance, args, kwargs)
-                models = self._chunks(call)[0] if call is not None else None
-        except Exception as exc:
-            audit.fail("locate", exc)
-            models = None
-        return audit.begin(self.target, models)
+    def _models(self, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """The model chunks of a call, bound afresh (None where it does not bind); may raise."""
+        call = self._bind(instance, args, kwargs)
+        return self._chunks(call)[0] if call is not None else None
 
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
         if self.takes_self and instance is not None:
