@@ -100,7 +100,7 @@ BUILTIN_MODULES = (
 # Ray's come first: integrations/ray.py tells the engine how to see through a `@ray.remote` class
 # when it loads, which must happen before a table module that imports Ray has its targets patched
 # (`install()` runs the callbacks of modules imported before it in this order).
-_PATCH_TARGETS = "te_offload_shim.api:patch_target_module"
+_PATCH_TARGETS = "te_offload_shim.integrations.table:patch_target_module"
 WATCH = {
     "ray": "te_offload_shim.integrations.ray:on_ray_import",  # ray.init gains our worker setup hook
     "ray._private.function_manager": "te_offload_shim.integrations.ray:on_function_manager_import",  # actor classes

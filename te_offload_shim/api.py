@@ -1,7 +1,8 @@
 """The functions a user calls: `uninstall`, `status`, `stats`, `scan`, `clear_fp8_workspaces`,
-`residue`, `ray_setup`; `patch_target_module`, which the start-up's watch table names for the table's
-modules; and `all_targets`, for this module and `status` only (it returns the engine's `Target`, which
-is no public type: the package does not export it, and `status()`'s rows say the same to a user).
+`residue`, `ray_setup`; and `all_targets`, for `status` and the health report only (integrations/table.py's,
+where the watch table's callback for the table's modules lives: a training process never loads this
+module for it; it returns the engine's `Target`, which is no public type: the package does not export
+it, and `status()`'s rows say the same to a user).
 
 The package exports the functions a user calls (`te_offload_shim.status()`), and this module loads on the first
 use of one: not at start-up. `install` and `installed` are in the package itself, which runs
@@ -17,8 +18,6 @@ from typing import TYPE_CHECKING
 import te_offload_shim as _shim
 
 if TYPE_CHECKING:
-    from types import ModuleType
-
     from te_offload_shim.engine.schema import Target
     from te_offload_shim.engine.states import Stats, Status
     from te_offload_shim.reports.residue import ResidueReport
@@ -51,22 +50,9 @@ def _restore(unwatch_error: BaseException | None) -> int:
 
 def all_targets() -> tuple[Target, ...]:
     """The built-in table plus `TE_OFFLOAD_SHIM_TARGETS`, as installed (or as they would be)."""
-    from te_offload_shim.integrations.targets import BUILTIN
+    from te_offload_shim.integrations.table import all_targets as all_targets_
 
-    installed, user_targets, _, _ = _shim._state()
-    if installed:
-        return (*BUILTIN, *user_targets)
-    from te_offload_shim import _switches
-    from te_offload_shim.integrations.user_targets import parse_user_targets
-
-    return (*BUILTIN, *parse_user_targets(_switches.user_targets())[0])
-
-
-def patch_target_module(module: ModuleType) -> None:
-    """The start-up's callback for a target module: patch the targets that live in it."""
-    from te_offload_shim.engine.patch import patch_targets_in
-
-    patch_targets_in(module, all_targets())
+    return all_targets_()
 
 
 def status() -> Status:

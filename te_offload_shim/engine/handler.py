@@ -20,7 +20,7 @@ from te_offload_shim._log import human_bytes, log, warn_once
 from te_offload_shim._reload import kept
 from te_offload_shim._signals import raised_by_signal_handler
 from te_offload_shim.engine import attributes, registry, stats
-from te_offload_shim.te import caches, process_globals
+from te_offload_shim.te import caches
 from te_offload_shim.te.caching_off import describe
 from te_offload_shim.te.chunks import as_chunks
 
@@ -111,7 +111,10 @@ class Handler:
                 inside.covered = covered | cleared
             pending = None
             if depth == 0 and _switches.audit():  # TE_OFFLOAD_SHIM_AUDIT: what the offload leaves on the device
-                pending = self._begin_audit(models, instance, args, kwargs)
+                from te_offload_shim.reports import audit  # loaded only where the audit is on
+
+                # a call left alone (or the shim off) has its chunks found for the audit, by the audit
+                pending = audit.begin(self.target, models, lambda: self._models(instance, args, kwargs))
             inside.busy = False
             result = wrapped(*args, **kwargs)
             if pending is not None:
@@ -146,17 +149,10 @@ class Handler:
             )
         return None, _NONE
 
-    def _begin_audit(self, models: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-        from te_offload_shim.reports import audit
-
-        try:
-            if models is None:  # the call was left alone (or the shim is off): find the chunks for the audit
-                call = self._bind(instance, args, kwargs)
-                models = self._chunks(call)[0] if call is not None else None
-        except Exception as exc:
-            audit.fail("locate", exc)
-            models = None
-        return audit.begin(self.target, models)
+    def _models(self, instance: Any, args: tuple, kwargs: dict) -> Any:
+        """The model chunks of a call, bound afresh (None where it does not bind); may raise."""
+        call = self._bind(instance, args, kwargs)
+        return self._chunks(call)[0] if call is not None else None
 
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
         if self.takes_self and instance is not None:
@@ -238,6 +234,8 @@ class Handler:
         )
         _count_clearing(target, report)
         if _switches.te_globals():  # opt-in: TE's re-creatable globals too, after the caches
+            from te_offload_shim.te import process_globals  # loaded only where it is asked for
+
             process_globals.give_back(report)
         # A clearing limited to some layers (megatron-core's: one buffer's) covers no whole chunk.
         return models, frozenset(id(c) for c in chunks) if params is None else _NONE

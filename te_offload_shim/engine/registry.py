@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from te_offload_shim.engine.schema import Target
     from te_offload_shim.engine.states import TargetState
 
 # The state below outlives a reload of this module (`kept`), or uninstall() and status() would lose
@@ -126,6 +127,13 @@ def active() -> bool:
     first, then takes this lock in `deactivate()`, so a patch either lands before and is undone, or
     sees the flag and does not land."""
     return _shim.installed()
+
+
+def install_state() -> tuple[bool, tuple[Target, ...]]:
+    """(installed, the user targets `install()` took), as the start-up module holds them: for the
+    table's import callback (integrations/table.py), which lives below the API."""
+    installed, user_targets, _, _ = _shim._state()
+    return installed, user_targets
 
 
 def add(record: Record, replacement: Any, apply: Callable[[], None]) -> bool:

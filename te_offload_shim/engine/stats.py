@@ -1,28 +1,27 @@
 """What the shim counted in this process, in one place: the table's counters (each wrapped offload),
-the flush net's, the one rule for the line that proves the shim worked, and the stats file
-(`TE_OFFLOAD_SHIM_STATS`) that carries `stats()` out of the process for an operator to sum.
+the flush net's, and the one rule for the line that proves the shim worked. This module is their one
+owner.
 
 engine/handler.py and engine/net.py count through these functions; `status()` and `stats()` read
-them here. Standard library and the package's ground floor only: `status()` loads it without
-loading what clears.
+them here (`counts`). `stats()` as a whole (with TE's globals and the latest audit) and the stats
+file (`TE_OFFLOAD_SHIM_STATS`) that carries it out of the process are engine/stats_file.py's, loaded
+only when one of them is asked for: a process with no stats file never loads it. Standard library
+and the package's ground floor only: `status()` loads it without loading what clears.
 """
 
 from __future__ import annotations
 
-import _thread
-import atexit
-import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
-from te_offload_shim._log import first_line_level, warn_once
+from te_offload_shim._log import first_line_level
 from te_offload_shim._reload import kept
 
 if TYPE_CHECKING:
-    from te_offload_shim.engine.states import NetTotals, Stats
+    from te_offload_shim.engine.states import NetTotals
     from te_offload_shim.te.report import CacheReport
 
 TABLE = ("calls", "cleared_calls", "entries", "modules", "bytes", "released_bytes", "skipped", "errors")
@@ -47,8 +46,7 @@ def _zero() -> dict[str, Any]:
 # Kept by a reload of this module (`kept`), like every counter of the package.
 _lock = kept(globals(), "_lock", Lock)
 _c: dict[str, Any] = kept(globals(), "_c", _zero)
-_at_exit: list[object] = kept(globals(), "_at_exit", list)
-_write_lock = kept(globals(), "_write_lock", Lock)  # the stats file's
+_at_exit: list[object] = kept(globals(), "_at_exit", list)  # the stats file's writer, once registered
 
 
 def _counting() -> None:
@@ -56,7 +54,18 @@ def _counting() -> None:
     flush the net saw): its last calls may have cleared nothing, and a process that never offloaded
     (a tokenizer worker, the CLI) writes no file."""
     if not _at_exit and os.environ.get(_switches.STATS):
-        _at_exit.append(atexit.register(write_file))
+        from te_offload_shim.engine import stats_file  # loaded only where the file is asked for
+
+        _at_exit.append(stats_file.write_at_exit(counts))
+
+
+def _write_file() -> None:
+    """After each clearing that cleared something: the stats file, where one is asked for. (The
+    writer is handed `counts`: it reads the counters through it, never importing this module.)"""
+    if os.environ.get(_switches.STATS):
+        from te_offload_shim.engine import stats_file
+
+        stats_file.write(counts)
 
 
 def _count(group: str, cleared: str, report: CacheReport, also: tuple[str, ...] = ()) -> int | None:
@@ -100,7 +109,7 @@ def count_table(name: str, report: CacheReport) -> int | None:
             _c["said_off"].update(report.caching_off)
             level = first_line_level() if new else logging.DEBUG
     if report.entries:
-        write_file()
+        _write_file()
     return level
 
 
@@ -114,7 +123,7 @@ def count_net(report: CacheReport, caller: str) -> int | None:
             return None
         if len(_c["callers"]) < 16:
             _c["callers"].setdefault(caller, None)
-    write_file()
+    _write_file()
     return level
 
 
@@ -151,23 +160,16 @@ def net_counts() -> tuple[NetTotals, list[str]]:
         return dict(_c["net"]), list(_c["callers"])  # type: ignore[return-value]
 
 
-def snapshot() -> Stats:
-    """`stats()`: every counter, the latest audit, and what TE's process globals gave back."""
-    from te_offload_shim.te import process_globals
-
+def counts() -> dict[str, Any]:
+    """Every counter, as plain data: `stats()` less the latest audit and TE's process globals, which
+    engine/stats_file.py adds."""
     with _lock:
         result: dict[str, Any] = dict(_c["table"])
         for key in ("by_target", "left_alone"):
             result[key] = {k: dict(v) for k, v in _c[key].items()}
         result["caching_off"] = dict(_c["caching_off"])
         result["net"] = dict(_c["net"])
-    result["te_globals"] = process_globals.totals()
-    result["audit"] = None
-    if _switches.audit():  # the audit's module is loaded only where the audit is asked for
-        from te_offload_shim.reports import audit
-
-        result["audit"] = audit.latest()
-    return result  # type: ignore[return-value]
+    return result
 
 
 def reset() -> None:
@@ -182,31 +184,3 @@ def reset() -> None:
         from te_offload_shim.reports import audit
 
         audit.reset()
-
-
-def write_file() -> None:
-    """`TE_OFFLOAD_SHIM_STATS=<path>` (`{rank}`, `{pid}` filled in): `stats()` as one JSON document,
-    written whole (a temporary file, then `os.replace`) so a reader never sees half of one. Never
-    raises: a full disk or a missing folder is warned about once and the offload goes on."""
-    template = os.environ.get(_switches.STATS, "").strip()
-    if not template:
-        return
-    try:
-        path = template.replace("{rank}", _switches.rank() or "none").replace("{pid}", str(os.getpid()))
-        # One writer at a time, each with a temporary file of its own: two threads' clearings (a
-        # wrapped offload, a flush) never replace each other's half-written file, and the snapshot
-        # taken last is the one that lands last.
-        with _write_lock:
-            data = json.dumps(snapshot(), default=str)
-            temporary = f"{path}.{os.getpid()}.{_thread.get_ident()}.tmp"
-            with open(temporary, "w", encoding="utf-8") as file:
-                file.write(data)
-            os.replace(temporary, path)
-    except Exception as exc:
-        warn_once(
-            f"stats-file:{type(exc).__name__}",
-            "te_offload_shim: %s: cannot write %r: %r",
-            _switches.STATS,
-            template,
-            exc,
-        )

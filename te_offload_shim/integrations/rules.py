@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from te_offload_shim.integrations.megatron import modules_of_buffer
-
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -67,5 +65,10 @@ def miles_clears_itself(call: Mapping[str, Any]) -> str | None:
     return None
 
 
-# megatron-core: only the TE layers whose weights live in the offloaded buffer
-megatron_buffer_modules = modules_of_buffer
+def megatron_buffer_modules(buffer: Any) -> tuple[Any, list[Any]]:
+    """megatron-core: only the TE layers whose weights live in the offloaded buffer: (model chunk to
+    walk, parameters whose TE layers to clear). The owner search (integrations/megatron_ddp.py) loads
+    at this target's first call."""
+    from te_offload_shim.integrations.megatron_ddp import modules_of_buffer
+
+    return modules_of_buffer(buffer)

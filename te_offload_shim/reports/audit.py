@@ -1,7 +1,9 @@
 """`TE_OFFLOAD_SHIM_AUDIT=1`: after each wrapped offload returns, what it left on the device.
 
 The call path asks `begin()` right before the original offload runs (the shim's own clearing is
-done by then) and calls `finish()` on what it got once the original has returned. In between this
+done by then) and calls `finish()` on what it got once the original has returned. This module is
+loaded there, only where the audit is on; a call the shim left alone (or the shim switched off) has
+its chunks found here, through the handler's own reading of the call (`locate`). In between this
 holds the located model chunks, as the call itself does; afterwards nothing: the report kept for
 `stats()` is plain data. Nothing here may raise into the offload, strict mode included: a
 diagnostic that can break the run it diagnoses would not be switched on.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from te_offload_shim import _switches
@@ -66,8 +69,15 @@ class Pending:
             self.models = None
 
 
-def begin(target: Target, models: Any) -> Pending | None:
-    """Start auditing one offload of `models`. Never raises."""
+def begin(target: Target, models: Any, locate: Callable[[], Any] | None = None) -> Pending | None:
+    """Start auditing one offload of `models`; where the call was left alone (`models` None), of the
+    chunks `locate()` finds (the handler's reading of the call). Never raises."""
+    try:
+        if models is None and locate is not None:
+            models = locate()
+    except Exception as exc:
+        fail("locate", exc)
+        models = None
     try:
         return Pending(target, models, _switches.audit_device_type())
     except Exception as exc:

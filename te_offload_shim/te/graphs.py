@@ -6,8 +6,8 @@ marks the modules it graphs; a framework says it in its config and its own modul
 integrations/ hands down as `GraphMarks` (Megatron's: integrations/megatron.py) at every clearing.
 The walk over a chunk notices the module marks on its way (`te_graph_mark`, `GraphMarks.submodule`,
 `GraphMarks.captured`), and `cuda_graph_reason` adds what the chunk's config says. Attribute names
-only: nothing is imported. `private_pools` says what the process as a whole holds in graph pools
-(read from the allocator).
+only: nothing is imported. What the process as a whole holds in graph pools (read from the
+allocator) is te/process_globals.py's `private_pools`, next to its users.
 """
 
 from __future__ import annotations
@@ -70,25 +70,3 @@ def cuda_graph_reason(chunk: Any, graph_mark: str | None, marks: GraphMarks) -> 
         obj = d.get("_modules", {}).get(marks.wrapped)
         depth += 1
     return graph_mark
-
-
-def private_pools(torch: Any) -> dict[str, int]:
-    """Per CUDA device, the bytes reserved in segments of private pools: those of captured CUDA graphs
-    (TE's `make_graphed_callables`, Megatron's, `torch.compile`'s) and of MemPools (TE's symmetric-memory
-    pool among them), read from the allocator's snapshot (`torch.cuda.memory_snapshot()`: every
-    segment whose `segment_pool_id` is not the default pool's `(0, 0)`). Which graph holds which pool
-    cannot be read: the process keeps no registry of its graphs. Empty while CUDA is not initialised."""
-    cuda = getattr(torch, "cuda", None)
-    if cuda is None or not cuda.is_initialized():
-        return {}
-    try:  # without the frames memory-history recording adds to every block, where this torch takes it
-        segments = cuda.memory_snapshot(include_traces=False)
-    except TypeError:
-        segments = cuda.memory_snapshot()
-    found: dict[str, int] = {}
-    for segment in segments:
-        pool = tuple(segment.get("segment_pool_id") or (0, 0))
-        if pool != (0, 0):
-            device = f"cuda:{segment['device']}"
-            found[device] = found.get(device, 0) + int(segment["total_size"])
-    return found

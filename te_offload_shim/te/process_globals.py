@@ -16,6 +16,10 @@ model: a global is not the chunk's).
 Not given back: the cuBLAS workspaces. TE 2.20 allocates them up front, outside any CUDA-graph pool,
 on purpose (module/linear.py `_prealloc_cublas_workspace`); TE 2.1 - 2.9 size the one workspace for
 userbuffers in `initialize_ub`, which a lazily re-created one would not be. Reported, not freed.
+
+`private_pools` (what the process holds in CUDA-graph private pools and MemPools) lives here, with its
+two users: this module and the residue report (reports/process_memory.py); the handler imports this
+module only where `TE_OFFLOAD_SHIM_TE_GLOBALS` is on, so a plain training run loads neither.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from te_offload_shim._locks import Lock
 from te_offload_shim._log import human_bytes, log
 from te_offload_shim._reload import kept
 from te_offload_shim.te import sizes
-from te_offload_shim.te.graphs import private_pools
 from te_offload_shim.te.report import CacheReport
 
 TE_BASE = "transformer_engine.pytorch.module.base"
@@ -48,6 +51,28 @@ def totals() -> dict[str, Any]:
 def reset() -> None:
     with _lock:
         _totals.update(calls=0, entries=0, bytes=0, kept={})
+
+
+def private_pools(torch: Any) -> dict[str, int]:
+    """Per CUDA device, the bytes reserved in segments of private pools: those of captured CUDA graphs
+    (TE's `make_graphed_callables`, Megatron's, `torch.compile`'s) and of MemPools (TE's symmetric-memory
+    pool among them), read from the allocator's snapshot (`torch.cuda.memory_snapshot()`: every
+    segment whose `segment_pool_id` is not the default pool's `(0, 0)`). Which graph holds which pool
+    cannot be read: the process keeps no registry of its graphs. Empty while CUDA is not initialised."""
+    cuda = getattr(torch, "cuda", None)
+    if cuda is None or not cuda.is_initialized():
+        return {}
+    try:  # without the frames memory-history recording adds to every block, where this torch takes it
+        segments = cuda.memory_snapshot(include_traces=False)
+    except TypeError:
+        segments = cuda.memory_snapshot()
+    found: dict[str, int] = {}
+    for segment in segments:
+        pool = tuple(segment.get("segment_pool_id") or (0, 0))
+        if pool != (0, 0):
+            device = f"cuda:{segment['device']}"
+            found[device] = found.get(device, 0) + int(segment["total_size"])
+    return found
 
 
 def _why_kept(torch: Any, report: CacheReport) -> str | None:

@@ -97,7 +97,7 @@ def test_stats_files_written_by_threads_at_once_are_always_whole(tmp_path: Path)
     temporary file of its own (they shared one, and one thread's `os.replace` took the other's)."""
     import threading
 
-    from te_offload_shim.engine import stats
+    from te_offload_shim.engine import stats, stats_file
 
     path = tmp_path / "stats.json"
     errors: list[str] = []
@@ -107,7 +107,7 @@ def test_stats_files_written_by_threads_at_once_are_always_whole(tmp_path: Path)
 
             def writes() -> None:
                 for _ in range(200):
-                    stats.write_file()
+                    stats_file.write(stats.counts)
 
             threads = [threading.Thread(target=writes) for _ in range(4)]
             for thread in threads:

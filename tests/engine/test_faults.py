@@ -234,7 +234,7 @@ def test_concurrent_install_and_import_leave_exactly_one_wrapper(tmp_path: Path)
 def test_a_buffer_no_ddp_holds_is_searched_for_once(monkeypatch) -> None:
     """A user's own buffer: one gc scan, not one per offload; the search that finds nothing says so
     (it raises, once: the handler logs it once and `status` shows it), the later offloads do not."""
-    from te_offload_shim.integrations import megatron as megatron_buffers
+    from te_offload_shim.integrations import megatron_ddp as megatron_buffers
 
     scans = []
     monkeypatch.setattr(megatron_buffers, "_scan", lambda: scans.append(1))

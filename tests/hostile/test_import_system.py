@@ -420,10 +420,11 @@ def test_the_finder_imports_nothing() -> None:
 
 @pytest.mark.subprocess(fresh=True)
 def test_a_watched_import_does_not_wait_for_a_thread_importing_the_shims_modules(tmp_path: Path) -> None:
-    """Scenario 16: another thread holds the module lock of the module the callbacks load first
-    (`te_offload_shim.api`: it is importing it). Finding the watched module waits for nothing (an
-    import statement inside find_spec would, under the import system's global lock); the callbacks,
-    after the module's body, wait for that import to finish as any module's body would, and run."""
+    """Scenario 16: another thread holds the module lock of the module the table's callback lives in
+    (`te_offload_shim.integrations.table`: it is importing it). Finding the watched module waits for
+    nothing (an import statement inside find_spec would, under the import system's global lock); the
+    callbacks, after the module's body, wait for that import to finish as any module's body would,
+    and run."""
     import threading
     import time
     from importlib import _bootstrap  # type: ignore[attr-defined]
@@ -436,7 +437,8 @@ def test_a_watched_import_does_not_wait_for_a_thread_importing_the_shims_modules
     holding, release = threading.Event(), threading.Event()
 
     def hold_the_module_lock() -> None:
-        with _bootstrap._ModuleLockManager("te_offload_shim.api"):  # type: ignore[attr-defined]  # CPython internal
+        table = "te_offload_shim.integrations.table"
+        with _bootstrap._ModuleLockManager(table):  # type: ignore[attr-defined]  # CPython internal
             holding.set()
             release.wait(30)
 
@@ -461,30 +463,30 @@ def test_a_watched_import_does_not_wait_for_a_thread_importing_the_shims_modules
 
 @pytest.mark.subprocess(fresh=True, env={"TE_OFFLOAD_SHIM": "0"})
 def test_callbacks_that_cannot_load_fail_no_import_and_no_install(tmp_path: Path) -> None:
-    """Scenario 16: a broken install, where the API the callbacks name raises as it loads.
-    `install()` and every import still work (the targets run unpatched), and status's hook errors
-    say why."""
+    """Scenario 16: a broken install, where the module the table's callback lives in
+    (integrations/table.py) raises as it loads. `install()` and every import still work (the targets
+    run unpatched), and status's hook errors say why."""
     import os
 
     import te_offload_shim as shim
-    from te_offload_shim import _switches  # noqa: F401 - loaded before the package's path breaks
-    from te_offload_shim.integrations import targets  # noqa: F401 - the same
+    from te_offload_shim import integrations
+    from te_offload_shim.integrations import user_targets  # noqa: F401 - loaded before integrations/'s path breaks
 
-    assert not shim.installed() and "te_offload_shim.api" not in sys.modules
+    assert not shim.installed() and "te_offload_shim.integrations.table" not in sys.modules
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "api.py").write_text("raise RuntimeError('broken install')\n")
+    (broken / "table.py").write_text("raise RuntimeError('broken install')\n")
     write_module(tmp_path, "early_target", "def offload(models):\n    return 'early'\n")
     write_module(tmp_path, "late_target", "def offload(models):\n    return 'late'\n")
     early = importlib.import_module("early_target")
     os.environ.update(TE_OFFLOAD_SHIM="1", TE_OFFLOAD_SHIM_TARGETS="early_target:offload,late_target:offload")
-    path = list(shim.__path__)
-    shim.__path__[:] = [str(broken)]
+    path = list(integrations.__path__)
+    integrations.__path__[:] = [str(broken)]
     try:
         assert shim.install() is True, "an already imported target's callback fails: install must not raise"
         late = importlib.import_module("late_target")  # its callback fails too: the import must work
     finally:
-        shim.__path__[:] = path
+        integrations.__path__[:] = path
     assert early.offload([]) == "early" and late.offload([]) == "late"
     errors = [e for e in shim._hook_errors if "broken install" in e]
     assert {e.partition(":")[0] for e in errors} == {"early_target", "late_target"}, shim._hook_errors

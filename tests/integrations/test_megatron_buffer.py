@@ -96,7 +96,7 @@ def scenario(a: Any, b: Any, release: str) -> None:
     from harness import megatron_world as w
     from te_offload_shim.engine import patch as _patch
     from te_offload_shim.engine import registry as _registry
-    from te_offload_shim.integrations import megatron as megatron_buffers
+    from te_offload_shim.integrations import megatron_ddp as megatron_buffers
 
     scans = []
     real_scan = megatron_buffers._scan

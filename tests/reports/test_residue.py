@@ -188,7 +188,8 @@ def test_audit_fails_open_even_in_strict_mode(
     try:
         record = Record("target", Owner, "offload", offload, target=target.name)
         handler = Handler(target, inspect.signature(offload), "method", record)
-        located = handler._begin_audit(None, Owner(), (), {})  # the call path, when clearing found nothing
+        # the call path, when clearing found nothing: the audit finds the chunks through the handler
+        located = audit.begin(target, None, lambda: handler._models(Owner(), (), {}))
         assert located is not None and located.models is None
         pending = audit.begin(target, Exploding())
         assert pending is not None
@@ -200,6 +201,34 @@ def test_audit_fails_open_even_in_strict_mode(
     finally:
         audit.reset()
     assert sum("residue audit (locate) failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_audit_of_a_call_the_shim_left_alone_finds_the_calls_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call the shim leaves alone (its target switched off at run time) is audited all the same: the
+    audit finds the call's chunks through the handler's own reading of the call."""
+    import inspect
+
+    import torch
+
+    from te_offload_shim.engine.handler import Handler
+    from te_offload_shim.engine.registry import Record
+    from te_offload_shim.integrations.targets import Target
+    from te_offload_shim.reports import audit
+
+    def offload(models: object) -> str:
+        return "offloaded"
+
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_AUDIT", "cpu")
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_DISABLE", "left-alone")
+    target = Target("left-alone", "m", "offload", "models")
+    handler = Handler(target, inspect.signature(offload), "function", Record("target", None, "offload", offload))
+    audit.reset()
+    try:
+        assert handler(offload, None, ([torch.nn.Linear(4, 4)],), {}) == "offloaded"
+        latest = audit.latest()
+        assert latest is not None and latest["by_category"]["parameters"] == (16 + 4) * F32, latest
+    finally:
+        audit.reset()
 
 
 @pytest.mark.subprocess(fresh=True)

@@ -37,11 +37,16 @@ TOOLS = (
     "te_offload_shim.integrations.versions",
 )
 # Runtime, loaded only when asked for (`residue()`, TE_OFFLOAD_SHIM_AUDIT; stats() reads the audit only
-# while it is on): not by a plain training run
+# while it is on; TE_OFFLOAD_SHIM_TE_GLOBALS; stats() and TE_OFFLOAD_SHIM_STATS; a user's call of the API)
+# or by a target verl 0.8.0 never calls (megatron-core's buffer offload): not by a plain training run
 ON_REQUEST = (
+    "te_offload_shim.api",
+    "te_offload_shim.integrations.megatron_ddp",
+    "te_offload_shim.engine.stats_file",
     "te_offload_shim.reports.residue",
     "te_offload_shim.reports.process_memory",
     "te_offload_shim.reports.audit",
+    "te_offload_shim.te.process_globals",
 )
 
 
