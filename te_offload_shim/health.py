@@ -79,9 +79,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     }
     report["routes"]["in_force"] = _route_in_force(report["routes"], shim["installed"])
     problems, warnings = assess(report)
-    report["healthy"] = not problems
-    report["problems"] = problems
-    report["warnings"] = warnings
+    report.update(healthy=not problems, problems=problems, warnings=warnings)
     report["strict_failures"] = strict_failures(report)
     return report
 
@@ -106,19 +104,20 @@ def _disabled_by(names: list[str]) -> dict[str, list[str]]:
     return {value: [n for n in names if _switches.covers(value, n)] for value in sorted(_switches.disabled_targets())}
 
 
+# The routes besides the .pth files: (name, key of report["routes"]), in the order `in force here`
+# names them. The Ray hook counts where it ran: this process is a Ray worker.
+_ROUTES = (
+    ("sitecustomize bootstrap", "sitecustomize_bootstrap"),
+    ("VERL_USE_EXTERNAL_MODULES", "verl_external_modules"),
+    ("Ray worker setup hook", "ray_worker_setup_hook"),
+    ("PYTHONSTARTUP (interactive only)", "pythonstartup"),
+)
+
+
 def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
     """The route that activates the shim in processes started like this one."""
-    found = [
-        name
-        for name, on in (
-            (".pth", pth.in_force(routes["pth"])),
-            ("sitecustomize bootstrap", routes["sitecustomize_bootstrap"]),
-            ("VERL_USE_EXTERNAL_MODULES", routes["verl_external_modules"]),
-            ("Ray worker setup hook", routes["ray_worker_setup_hook"]),
-            ("PYTHONSTARTUP (interactive only)", routes["pythonstartup"]),
-        )
-        if on
-    ]
+    found = [".pth"] if pth.in_force(routes["pth"]) else []
+    found += [name for name, key in _ROUTES if routes[key]]
     if found:
         return ", ".join(found)
     return "none: active only where code imports te_offload_shim" + (" (as this process did)" if installed_here else "")
@@ -137,9 +136,8 @@ def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[st
     import warnings
 
     errors: dict[str, str] = {}
-    said = io.StringIO()
-    below_python: list[str] = []  # what reached file descriptor 1 itself
-    with _descriptor_1_held(below_python), warnings.catch_warnings(record=True) as caught:
+    printed: list[str] = []  # each import's own output, then what reached file descriptor 1 itself
+    with _descriptor_1_held(printed), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # each warning once per place, as Python shows them
         for row in rows:
             module = row["target"].partition(":")[0]
@@ -155,8 +153,8 @@ def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[st
                     # Research code that parses sys.argv at import (argparse) exits here: its import
                     # failed, and the others are still to be checked. KeyboardInterrupt stops status.
                     errors[module] = _exit_text(exc, this.getvalue())
-            said.write(this.getvalue())
-    lines = [line for text in (said.getvalue(), *below_python) for line in text.splitlines() if line.strip()]
+            printed.append(this.getvalue())
+    lines = [line for text in printed for line in text.splitlines() if line.strip()]
     lines += [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
     return errors, list(dict.fromkeys(lines))
 
@@ -305,13 +303,9 @@ def _print_shim(report: dict[str, Any]) -> None:
     print(f"  python {report['python']['version']} ({report['python']['executable']})")
     print("versions:")
     for name, value in report["versions"].items():
+        other = ", ".join(report["namesakes"].get(name, ()))
+        note = f" ({other} installed is another package: it holds none of {name}'s modules)" if other else ""
         if name != "python":
-            other = report["namesakes"].get(name)
-            note = (
-                f" ({', '.join(other)} installed is another package: it holds none of {name}'s modules)"
-                if other
-                else ""
-            )
             print(f"  {name:<20} {value or '-'}{note}")
 
 
@@ -350,27 +344,23 @@ def _present_first(rows: list[dict[str, Any]], show_all: bool) -> tuple[list[dic
 
 def _print_routes(report: dict[str, Any]) -> None:
     routes = report["routes"]
-    print("activation routes:")
     label = {True: "", False: " (outdated)", None: " (not readable by this user)"}
     files = ", ".join(p["path"] + label[p["current"]] for p in routes["pth"])
-    print(f"  .pth:                      {files or 'no'}")
-    print(f"  sitecustomize bootstrap:   {_yes(routes['sitecustomize_bootstrap'])}")
-    print(f"  VERL_USE_EXTERNAL_MODULES: {_yes(routes['verl_external_modules'])}")
-    print(f"  PYTHONSTARTUP:             {_yes(routes['pythonstartup'])}")
-    print(f"  Ray worker setup hook:     {_yes(routes['ray_worker_setup_hook'])} (in this process)")
-    print(f"  ray.init setup hook:       {routes['ray_init_propagation']}")
-    switches = ", ".join(f"{k}={v}" for k, v in report["switches"].items())
-    print(f"  switches:                  {switches or 'none set'}")
-    if report["unknown_switches"]:
-        unknown = ", ".join(
-            f"{e['name']}={e['value']}" + (f" (did you mean {e['closest']}?)" if e["closest"] else "")
-            for e in report["unknown_switches"]
-        )
-        print(f"  unknown switches:          {unknown}")
+    unknown = [
+        f"{e['name']}={e['value']}" + (f" (did you mean {e['closest']}?)" if e["closest"] else "")
+        for e in report["unknown_switches"]
+    ]
+    fields = [(".pth", files or "no"), *((name, _yes(routes[key])) for name, key in _ROUTES)]
+    fields += [("ray.init setup hook", routes["ray_init_propagation"])]
+    fields += [("switches", ", ".join(f"{k}={v}" for k, v in report["switches"].items()) or "none set")]
+    fields += [("unknown switches", ", ".join(unknown))] if unknown else []
+    print("activation routes:")
+    for name, value in fields:
+        print(f"  {name + ':':<34}{value}")
     for value, names in report["disabled_by"].items():
         variants = " (its name-* variants included)" if len(names) > 1 and value != "*" else ""
         print(f"  {_switches.DISABLE}={value} switches off: {', '.join(names) or 'no target'}{variants}")
-    print(f"  in force here:             {routes['in_force']}")
+    print(f"  {'in force here:':<34}{routes['in_force']}")
 
 
 def _net_line(net: dict[str, Any], installed: bool) -> str:
