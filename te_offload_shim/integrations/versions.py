@@ -124,7 +124,6 @@ def holder(module: str, distribution: str | None) -> dict[str, Any]:
     named `distribution`, or named like the module's top-level package and installing files under
     it, that do not hold it, as "name version"."""
     path = module_file(module)
-    found: dict[str, Any] = {"file": path, "holder": None, "version": None, "namesakes": []}
     top = module.split(".")[0]
     installed = _installed(tuple(sys.path))
     named = [i for i in installed if distribution and i[0] == _normal(distribution)]
@@ -136,11 +135,10 @@ def holder(module: str, distribution: str | None) -> dict[str, Any]:
         same_root = [i for i in installed if real.startswith(i[1] + os.sep) and i not in named and i not in like_top]
         same_root.sort(key=lambda i: not _installs_under(i[2], top))  # the likely holders first
         held = next((i for i in named + like_top + same_root if _holds(i[2], i[1], path)), None)
-        if held is not None:
-            found["holder"], found["version"] = held[2].metadata["Name"], held[2].version
+    name, release = (held[2].metadata["Name"], held[2].version) if held is not None else (None, None)
     # by identity, not name: ROLL's own setup.py and PyPI's unrelated package are both `roll`
-    found["namesakes"] = [f"{i[2].metadata['Name']} {i[2].version}" for i in named + like_top if i is not held]
-    return found
+    namesakes = [f"{i[2].metadata['Name']} {i[2].version}" for i in named + like_top if i is not held]
+    return {"file": path, "holder": name, "version": release, "namesakes": namesakes}
 
 
 @functools.cache
@@ -168,16 +166,13 @@ def _own(held: dict[str, Any], distribution: str | None) -> bool:
 
 
 def _match(
-    target: Target, dist_version: str | None, held: dict[str, Any] | None, match: Callable[[Any], bool], said: str
+    target: Target, dist_version: str | None, unknown: str | None, match: Callable[[Any], bool], said: str
 ) -> tuple[bool | None, str]:
     """`match` of the installed release (a packaging Version) and how we know (`said`: what is
-    written for yes and for no, `|` between them), or (None, why it cannot be told)."""
-    if held is not None and held["file"] is not None and held["holder"] is None:
-        return None, no_holder_reason(target, held)
-    if held is not None and held["holder"] is not None and not _own(held, target.distribution):
-        return None, f"{target.module} is held by {held['holder']} {held['version']}, not by {target.distribution}"
+    written for yes and for no, `|` between them), or (None, why it cannot be told: `unknown`, the
+    module file's holder, where that says why)."""
     if dist_version is None:
-        return None, f"{target.distribution} version unknown"
+        return None, unknown or f"{target.distribution} version unknown"
     from packaging.version import Version
 
     try:
@@ -187,16 +182,7 @@ def _match(
     return found, f"{target.distribution} {dist_version} {said.split('|')[0 if found else 1]}"
 
 
-def no_holder_reason(target: Target, held: dict[str, Any]) -> str:
-    why = f"no installed distribution holds {held['file']} (a source checkout?)"
-    if held["namesakes"]:
-        why += f"; {', '.join(held['namesakes'])} installed is another package of that name"
-    return why
-
-
-def fixed_upstream(
-    target: Target, dist_version: str | None, held: dict[str, Any] | None = None
-) -> tuple[bool | None, str]:
+def fixed_upstream(target: Target, dist_version: str | None, unknown: str | None = None) -> tuple[bool | None, str]:
     """(fixed?, how we know) from the declared `fixed_in`, without importing the target."""
     if target.fixed_in is None:
         return False, "no release is declared to clear the caches itself"
@@ -204,12 +190,10 @@ def fixed_upstream(
 
     fixed_in = target.fixed_in
     said = f">= {fixed_in} (by version)|< {fixed_in} (by version)"
-    return _match(target, dist_version, held, lambda found: found >= Version(fixed_in), said)
+    return _match(target, dist_version, unknown, lambda found: found >= Version(fixed_in), said)
 
 
-def in_supported(
-    target: Target, dist_version: str | None, held: dict[str, Any] | None = None
-) -> tuple[bool | None, str]:
+def in_supported(target: Target, dist_version: str | None, unknown: str | None = None) -> tuple[bool | None, str]:
     """(is the installed release one the entry declares?, how we know). An installed pre-release or
     local build counts as the release it is (pip's `prereleases=True` for what is already there)."""
     if target.supported is None:
@@ -218,7 +202,7 @@ def in_supported(
 
     supported = target.supported
     inside = f"in {supported}|not in {supported}"
-    return _match(target, dist_version, held, lambda found: SpecifierSet(supported).contains(found, True), inside)
+    return _match(target, dist_version, unknown, lambda found: SpecifierSet(supported).contains(found, True), inside)
 
 
 def versions() -> tuple[dict[str, str | None], dict[str, list[str]]]:
@@ -229,9 +213,8 @@ def versions() -> tuple[dict[str, str | None], dict[str, list[str]]]:
     for PyPI's unrelated `roll`)."""
     from te_offload_shim.integrations.targets import BUILTIN
 
-    found: dict[str, str | None] = {"python": platform.python_version()}
-    for name in CORE:
-        found[name] = te_version() if name == "transformer-engine" else version(name)
+    found: dict[str, str | None] = {"python": platform.python_version(), **{name: version(name) for name in CORE}}
+    found["transformer-engine"] = te_version()  # TE ships under several names
     by_name: dict[str, list[dict[str, Any]]] = {}
     for target in BUILTIN:  # each entry of a framework outside CORE, by the file of its watched module
         distribution = target.distribution
@@ -260,20 +243,24 @@ def wrapt_ok(found: str | None) -> bool:
 def target_row(target: Target, enabled: bool) -> dict[str, Any]:
     """What we can tell about one target without importing it."""
     held = holder(target.module, target.distribution)
-    present = held["file"] is not None
-    dist_version = held["version"] if _own(held, target.distribution) else None
+    present, own = held["file"] is not None, _own(held, target.distribution)
+    others = ", ".join(held["namesakes"])
+    unknown = None  # why the release cannot be told from the module file's holder, where it cannot
     if not target.distribution:
         basis = "a TE_OFFLOAD_SHIM_TARGETS entry names no distribution"
     elif not present:
-        basis = "not present" + (
-            f"; {', '.join(held['namesakes'])} installed holds no {target.module}" if held["namesakes"] else ""
-        )
+        basis = "not present" + (f"; {others} installed holds no {target.module}" if others else "")
     elif held["holder"] is None:
-        basis = no_holder_reason(target, held)
+        basis = unknown = f"no installed distribution holds {held['file']} (a source checkout?)" + (
+            f"; {others} installed is another package of that name" if others else ""
+        )
     else:
         basis = f"{held['holder']} {held['version']} holds {held['file']}"
-    fixed, fixed_basis = fixed_upstream(target, dist_version, held) if present else (None, "not present")
-    supported, supported_basis = in_supported(target, dist_version, held) if present else (None, "not present")
+        if not own:
+            unknown = f"{target.module} is held by {held['holder']} {held['version']}, not by {target.distribution}"
+    dist_version = held["version"] if own else None
+    fixed, fixed_basis = fixed_upstream(target, dist_version, unknown) if present else (None, "not present")
+    supported, supported_basis = in_supported(target, dist_version, unknown) if present else (None, "not present")
     is_disabled = _switches.is_disabled(target.name)
     return {
         "name": target.name,
