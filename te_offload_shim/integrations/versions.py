@@ -27,7 +27,7 @@ import platform
 import sys
 from collections.abc import Callable
 from importlib import metadata, util
-from importlib.machinery import EXTENSION_SUFFIXES
+from importlib.machinery import PathFinder
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -68,12 +68,10 @@ def module_file(name: str) -> str | None:
     locations = list(spec.submodule_search_locations or ())
     for part in rest[:-1]:
         locations = [os.path.join(d, part) for d in locations if os.path.isdir(os.path.join(d, part))]
-    last = rest[-1]
-    suffixes = (".py", ".pyc", *EXTENSION_SUFFIXES)
-    candidates = (
-        os.path.join(d, name) for d in locations for name in (f"{last}/__init__.py", *(last + s for s in suffixes))
-    )
-    return next((c for c in candidates if os.path.isfile(c)), None)
+    # the path finder's own lookup in those folders (a package, then each kind of module file, in the
+    # import system's order), which finds and imports nothing else
+    last = PathFinder.find_spec(rest[-1], locations)
+    return last.origin if last is not None and last.origin and os.path.isfile(last.origin) else None
 
 
 def _normal(name: str) -> str:
