@@ -310,36 +310,26 @@ def _print_shim(report: dict[str, Any]) -> None:
 
 
 def _print_targets(report: dict[str, Any], show_all: bool) -> None:
-    print("targets:")
     header = ["target", "present", "version", "supported", "fixed upstream", "would be patched", "disabled"]
     if report["imported"]:
         header += ["state", "shim wrappers"]  # `layers` in JSON: our wrappers on the attribute, 1 when patched
+    # What is here (and what would be patched) first: the targets present here and those the switches
+    # name (TE_OFFLOAD_SHIM_TARGETS, TE_OFFLOAD_SHIM_DISABLE); the many targets of frameworks this
+    # environment does not have after them (--all), else one summary line (every row: --all, or --json).
+    here = [r for r in report["targets"] if r["present"] or r.get("user") or r["disabled"]]
+    elsewhere = [r for r in report["targets"] if r not in here]
     table = [header]
-    # What is here (and what would be patched) first; the many targets of frameworks this
-    # environment does not have, one line (every row: --all, or --json).
-    shown, absent = _present_first(report["targets"], show_all)
-    for row in shown:
+    for row in here + elsewhere if show_all else here:
         cells = [row["name"], _yes(row["present"]), row["version"] or "-", _supported(row)]
         cells += [_fixed(row), _yes(row["would_be_patched"]), _yes(row["disabled"])]
-        if report["imported"]:
-            cells += [str(row["state"]), str(row["layers"])]
-        table.append(cells)
+        table.append(cells + ([str(row["state"]), str(row["layers"])] if report["imported"] else []))
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    if elsewhere and not show_all:  # a row of its own, aligned with the table's first two columns
+        names = ", ".join(row["name"] for row in elsewhere)
+        table.append(["others", "no", f"{len(elsewhere)} targets: {names} (every row: --all)"])
+    print("targets:")
     for cells in table:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
-    if absent:  # a row of its own, aligned with the table's first two columns
-        names = ", ".join(row["name"] for row in absent)
-        cells = ["others".ljust(widths[0]), "no".ljust(widths[1]), f"{len(absent)} targets: {names} (every row: --all)"]
-        print("  " + "  ".join(cells))
-
-
-def _present_first(rows: list[dict[str, Any]], show_all: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(rows of the table, rows left to one summary line): the targets present here, and those the
-    switches name (TE_OFFLOAD_SHIM_TARGETS, TE_OFFLOAD_SHIM_DISABLE), first, in the table's order;
-    the others after them with `show_all`, else in the summary."""
-    here = [r for r in rows if r["present"] or r.get("user") or r["disabled"]]
-    elsewhere = [r for r in rows if r not in here]
-    return (here + elsewhere, []) if show_all else (here, elsewhere)
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip())
 
 
 def _print_routes(report: dict[str, Any]) -> None:
