@@ -68,21 +68,18 @@ def _say_if_inert(command: list[str], env: dict[str, str]) -> None:
 
     program = shutil.which(command[0], path=env.get("PATH")) or command[0]
     python: list[str] = [program]
-    if not os.path.basename(program).startswith("python"):
-        try:
-            with open(program, "rb") as file:
-                line = file.readline(256).decode("utf-8", "replace")
-        except OSError:
-            return
-        if not line.startswith("#!") or "python" not in line:
-            return  # not a Python program (a shell script, a binary): nothing to ask
-        python = line[2:].split()
     # Python 2.7 has no importlib.util (and no print function): there, both count as missing
     probe = (
         "import sys\ntry:\n import importlib.util as u\nexcept ImportError:\n u = None\n"
         "sys.stdout.write(' '.join(n for n in ('te_offload_shim', 'wrapt') if u is None or not u.find_spec(n)))"
     )
-    try:
+    try:  # a program that cannot be read or run: nothing to say
+        if not os.path.basename(program).startswith("python"):
+            with open(program, "rb") as file:
+                line = file.readline(256).decode("utf-8", "replace")
+            if not line.startswith("#!") or "python" not in line:
+                return  # not a Python program (a shell script, a binary): nothing to ask
+            python = line[2:].split()
         proc = subprocess.run([*python, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return
