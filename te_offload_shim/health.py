@@ -39,13 +39,11 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     enabled = _switches.enabled()
     targets = all_targets()
     rows = [versions.target_row(t, enabled) for t in targets]
-    import_errors, import_output = _import_targets(rows) if do_import else ({}, [])
+    import_output = _import_targets(rows) if do_import else []
     shim = te_offload_shim.status()
     live = {r["name"]: r for r in shim["targets"]}
     for row in rows:  # a row of status() (engine/states.py's TargetRow), and what is installed
         row.update(live[row["name"]])
-        if do_import:
-            row["import_error"] = import_errors.get(row["target"].partition(":")[0])
     found, namesakes = versions.versions()
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -126,11 +124,12 @@ def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
 # --- importing the targets (--import) ------------------------------------------------------------
 
 
-def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
-    """Import each present target module, so that the shim patches it in this process.
+def _import_targets(rows: list[dict[str, Any]]) -> list[str]:
+    """Import each present target module, so that the shim patches it in this process; each row's
+    `import_error` says how its module's import failed (None: it did not, or the target is absent).
 
-    Returns the import errors, and what the imports printed or warned (megatron and its friends say
-    a lot): held back and shown after the report, not ahead of it."""
+    Returns what the imports printed or warned (megatron and its friends say a lot): held back and
+    shown after the report, not ahead of it."""
     import importlib
     import io
     import warnings
@@ -141,22 +140,22 @@ def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[st
         warnings.simplefilter("default")  # each warning once per place, as Python shows them
         for row in rows:
             module = row["target"].partition(":")[0]
-            if not row["present"] or module in errors:
-                continue
-            this = io.StringIO()  # this import's own output, for the error that cuts it short
-            with contextlib.redirect_stdout(this), contextlib.redirect_stderr(this):
-                try:
-                    importlib.import_module(module)
-                except Exception as exc:
-                    errors[module] = f"{type(exc).__name__}: {exc}"
-                except SystemExit as exc:
-                    # Research code that parses sys.argv at import (argparse) exits here: its import
-                    # failed, and the others are still to be checked. KeyboardInterrupt stops status.
-                    errors[module] = _exit_text(exc, this.getvalue())
-            printed.append(this.getvalue())
+            if row["present"] and module not in errors:  # a module that failed is not imported again
+                this = io.StringIO()  # this import's own output, for the error that cuts it short
+                with contextlib.redirect_stdout(this), contextlib.redirect_stderr(this):
+                    try:
+                        importlib.import_module(module)
+                    except Exception as exc:
+                        errors[module] = f"{type(exc).__name__}: {exc}"
+                    except SystemExit as exc:
+                        # Research code that parses sys.argv at import (argparse) exits here: its import
+                        # failed, and the others are still to be checked. KeyboardInterrupt stops status.
+                        errors[module] = _exit_text(exc, this.getvalue())
+                printed.append(this.getvalue())
+            row["import_error"] = errors.get(module)
     lines = [line for text in printed for line in text.splitlines() if line.strip()]
     lines += [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
-    return errors, list(dict.fromkeys(lines))
+    return list(dict.fromkeys(lines))
 
 
 def _exit_text(exc: SystemExit, printed: str) -> str:
