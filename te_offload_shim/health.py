@@ -343,13 +343,13 @@ def _print_routes(report: dict[str, Any]) -> None:
     fields += [("ray.init setup hook", routes["ray_init_propagation"])]
     fields += [("switches", ", ".join(f"{k}={v}" for k, v in report["switches"].items()) or "none set")]
     fields += [("unknown switches", ", ".join(unknown))] if unknown else []
-    print("activation routes:")
-    for name, value in fields:
-        print(f"  {name + ':':<34}{value}")
     for value, names in report["disabled_by"].items():
         variants = " (its name-* variants included)" if len(names) > 1 and value != "*" else ""
-        print(f"  {_switches.DISABLE}={value} switches off: {', '.join(names) or 'no target'}{variants}")
-    print(f"  {'in force here:':<34}{routes['in_force']}")
+        fields.append((f"{_switches.DISABLE}={value} switches off", f"{', '.join(names) or 'no target'}{variants}"))
+    fields.append(("in force here", routes["in_force"]))
+    print("activation routes:")
+    for name, value in fields:
+        print(f"  {name + ':':<33} {value}")
 
 
 def _net_line(net: dict[str, Any], installed: bool) -> str:
