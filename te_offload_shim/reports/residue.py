@@ -351,8 +351,7 @@ class _Walk:
     def claim(self, report: ResidueReport, top: int) -> None:
         claimed: set[int] = set()
         holders: dict[tuple[int, str, str], list[Any]] = {}
-        other: dict[str, int] = {}
-        named: dict[str, int] = {}
+        other, named = report.other, report.named  # added up here; `other` sorted at the end
         for category in CATEGORIES:
             own_names = NAMED.get(category, ())
             for node, attribute, key, t in self.found[category]:
@@ -379,7 +378,6 @@ class _Walk:
         report.storages = len(claimed)
         report.total_bytes = sum(report.by_category.values())
         report.other = dict(sorted(other.items(), key=lambda kv: -kv[1]))
-        report.named = named
         largest = heapq.nlargest(top, holders.values(), key=lambda s: s[3])
         report.top = [Holder(node(), _label(attribute), category, n) for node, attribute, category, n in largest]
         self.found.clear()
