@@ -215,13 +215,11 @@ def versions() -> tuple[dict[str, str | None], dict[str, list[str]]]:
     found["transformer-engine"] = te_version()  # TE ships under several names
     by_name: dict[str, list[dict[str, Any]]] = {}
     for target in BUILTIN:  # each entry of a framework outside CORE, by the file of its watched module
-        distribution = target.distribution
-        if distribution and distribution not in CORE:
-            held = holder(target.module, distribution)
-            by_name.setdefault(distribution, []).append(held)
-            found[distribution] = held["version"] if _own(held, distribution) else found.get(distribution)
+        if target.distribution and target.distribution not in CORE:
+            by_name.setdefault(target.distribution, []).append(holder(target.module, target.distribution))
     namesakes = {}
     for name, helds in by_name.items():
+        found[name] = next((h["version"] for h in helds if _own(h, name)), None)
         holding = {h["holder"] + " " + h["version"] for h in helds if h["holder"] is not None}
         others = [n for n in dict.fromkeys(n for h in helds for n in h["namesakes"]) if n not in holding]
         if others:
