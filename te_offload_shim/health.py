@@ -4,7 +4,7 @@
 `schema_version`), `assess()` judges it into problems (unhealthy: `status` exits 1) and warnings,
 `strict_failures()` says why `status --strict` fails the gate, `print_report()` writes the human
 form. The judging is one list of findings (`_findings`: the whole report's, then each target row's,
-`_row_findings`), in the order they are printed. The CLI parses and dispatches.
+`_row_findings`, then each `.pth` file's), in the order they are printed. The CLI parses and dispatches.
 
 Collecting with `do_import` imports each present target in this process (the package is installed
 here, as the CLI imports it), which is what lets `status --import` report what a real process gets.
@@ -114,7 +114,8 @@ _ROUTES = (
 
 def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
     """The route that activates the shim in processes started like this one."""
-    found = [".pth"] if pth.in_force(routes["pth"]) else []
+    # a .pth file activates the shim in this user's interpreters where this user can read it
+    found = [".pth"] if any(entry["readable"] for entry in routes["pth"]) else []
     found += [name for name, key in _ROUTES if routes[key]]
     if found:
         return ", ".join(found)
@@ -242,9 +243,17 @@ def _findings(report: dict[str, Any]) -> Iterator[Finding]:
         yield PROBLEM, f"flush net: error: {report['net']['detail']}"
     for row in report["targets"]:
         yield from _row_findings(report, row)
-    problems, warnings = pth.assess(report["routes"]["pth"])
-    yield from ((PROBLEM, p) for p in problems)
-    yield from ((WARNING, w) for w in warnings)
+    for entry in report["routes"]["pth"]:  # each te_offload_shim.pth this interpreter runs (pth.pth_files)
+        path, mode = entry["path"], entry["mode"] or "unknown"
+        again = "run `te-offload-shim enable` again"  # it writes the file readable by every user
+        if not entry["readable"]:  # site.py skips a file it cannot open, without a word
+            why = f"{path} is not readable by this user (mode {mode}): this interpreter starts without the shim"
+            yield PROBLEM, f"{why}; {again} as the file's owner (it writes the file readable by every user)"
+        elif not entry["current"]:
+            yield WARNING, f"outdated .pth line (re-run `te-offload-shim enable`): {path}"
+        elif entry["mode"] is not None and not int(entry["mode"], 8) & 0o004:
+            why = f"{path} is mode {mode}: other users' interpreters skip it and start without the shim"
+            yield WARNING, f"{why}; {again} (it writes the file readable by every user)"
 
 
 def _row_findings(report: dict[str, Any], row: dict[str, Any]) -> Iterator[Finding]:

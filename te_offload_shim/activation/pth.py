@@ -159,32 +159,6 @@ def pth_files() -> list[dict[str, Any]]:
     return found
 
 
-def assess(files: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """Problems and warnings about the .pth files `pth_files()` found, for `status`."""
-    problems: list[str] = []
-    warnings: list[str] = []
-    for entry in files:
-        path, mode = entry["path"], entry["mode"] or "unknown"
-        if not entry["readable"]:
-            problems.append(
-                f"{path} is not readable by this user (mode {mode}): this interpreter starts without the shim; "
-                "run `te-offload-shim enable` again as the file's owner (it writes the file readable by every user)"
-            )
-        elif not entry["current"]:
-            warnings.append(f"outdated .pth line (re-run `te-offload-shim enable`): {path}")
-        elif entry["mode"] is not None and not int(entry["mode"], 8) & 0o004:
-            warnings.append(
-                f"{path} is mode {mode}: other users' interpreters skip it and start without the shim; "
-                "run `te-offload-shim enable` again (it writes the file readable by every user)"
-            )
-    return problems, warnings
-
-
-def in_force(files: list[dict[str, Any]]) -> bool:
-    """Whether a .pth file activates the shim in this user's interpreters."""
-    return any(entry["readable"] for entry in files)
-
-
 # --- routes in force ----------------------------------------------------------------------------
 
 
