@@ -79,23 +79,19 @@ def _normal(name: str) -> str:
 
 
 def _holds(dist: metadata.PathDistribution, root: str, path: str) -> bool:
-    """Whether `path` is one of the files the distribution (installed in `root`) lists in its RECORD,
-    or lies in the folder an editable install of it points at."""
+    """Whether `path` is one of the files the distribution (installed in `root`) lists in its RECORD
+    (an .egg-info: its list of files), or lies in the folder an editable install of it points at."""
     real = os.path.realpath(path)
     try:
         if real.startswith(root + os.sep):
-            relative = os.path.relpath(real, root).replace(os.sep, "/")
             record = _record(dist)
-            if record is not None and "\n" + relative + "," in record:
+            if record is None:  # an .egg-info: its list of files, in RECORD's shape
+                record = "".join(f"\n{file}," for file in dist.files or ())
+            if "\n" + os.path.relpath(real, root).replace(os.sep, "/") + "," in record:
                 return True
-            if record is None and any(str(file) == relative for file in dist.files or ()):  # an .egg-info's list
-                return True
-        direct = dist.read_text("direct_url.json")
-        if direct:
-            url = json.loads(direct)
-            if url.get("dir_info", {}).get("editable") and url.get("url", "").startswith("file:"):
-                checkout = os.path.realpath(unquote(urlparse(url["url"]).path))
-                return real.startswith(checkout + os.sep)
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+        if direct.get("dir_info", {}).get("editable") and direct.get("url", "").startswith("file:"):
+            return real.startswith(os.path.realpath(unquote(urlparse(direct["url"]).path)) + os.sep)
     except Exception:  # an unreadable RECORD or direct_url.json: this one does not say it holds the file
         return False
     return False
