@@ -57,21 +57,15 @@ def module_file(name: str) -> str | None:
     top, *rest = name.split(".")
     try:
         spec = util.find_spec(top)  # a top-level name imports nothing
+        for part in rest:  # then the path finder's own lookup in the package's folders, which imports nothing
+            spec = PathFinder.find_spec(part, list(spec.submodule_search_locations or ())) if spec else None
     except (ImportError, ValueError):
         return None
-    if spec is None:
-        return None
-    if not rest:  # a namespace package has no file: its first folder stands for it
-        if spec.origin and os.path.isfile(spec.origin):
-            return spec.origin
+    if spec is not None and spec.origin and os.path.isfile(spec.origin):
+        return spec.origin
+    if spec is not None and not rest:  # a namespace package has no file: its first folder stands for it
         return next(iter(spec.submodule_search_locations or ()), None)
-    locations = list(spec.submodule_search_locations or ())
-    for part in rest[:-1]:
-        locations = [os.path.join(d, part) for d in locations if os.path.isdir(os.path.join(d, part))]
-    # the path finder's own lookup in those folders (a package, then each kind of module file, in the
-    # import system's order), which finds and imports nothing else
-    last = PathFinder.find_spec(rest[-1], locations)
-    return last.origin if last is not None and last.origin and os.path.isfile(last.origin) else None
+    return None
 
 
 def _normal(name: str) -> str:
