@@ -53,11 +53,10 @@ def _run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(command[0], command, env)  # the command gets our pid, signals and exit status
+        os.execvpe(command[0], command, env)  # the command gets our pid, signals and exit status: no return
     except OSError as exc:
         print(f"te-offload-shim run: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         return 127
-    return 0  # pragma: no cover - execvpe does not return
 
 
 def _say_if_inert(command: list[str], env: dict[str, str]) -> None:
