@@ -293,8 +293,7 @@ def _supported(row: dict[str, Any]) -> str:
     """`yes (>=0.4.0)`: whether the installed release is one the entry declares, and the declaration."""
     if not row["present"] or not row["distribution"]:  # a TE_OFFLOAD_SHIM_TARGETS entry declares no releases
         return "-"
-    declared = row["supported"] or "no release"
-    return f"{_yes(row['in_supported'])} ({declared})"
+    return f"{_yes(row['in_supported'])} ({row['supported'] or 'no release'})"
 
 
 def _fixed(row: dict[str, Any]) -> str:
