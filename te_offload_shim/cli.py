@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -19,23 +20,16 @@ from te_offload_shim import health
 from te_offload_shim.activation import pth
 
 
-def _enable(args: argparse.Namespace) -> int:
-    return _site_command("enable", pth.enable, args.site)
-
-
-def _disable(args: argparse.Namespace) -> int:
-    return _site_command("disable", pth.disable, args.site)
-
-
-def _site_command(name: str, act: Any, site: str | None) -> int:
-    """`enable` or `disable`: what happened to which file, or why it could not."""
+def _site_command(name: str, act: Any, args: argparse.Namespace) -> int:
+    """`enable` or `disable` (`act`: pth.enable or pth.disable): what happened to which file, or why
+    it could not."""
     try:
-        what, path = act(site)
+        what, path = act(args.site)
     except pth.SiteError as exc:
         print(f"te-offload-shim {name}: {exc}", file=sys.stderr)
         return 1
     print(f"te-offload-shim: {what}: {path}")
-    if name == "enable" and what != "already enabled" and not site:
+    if name == "enable" and what != "already enabled" and not args.site:
         print("te-offload-shim: every Python process of this interpreter now activates the shim at start-up")
     for other in pth.pth_files() if name == "disable" else ():
         if other["path"] != path:
@@ -44,28 +38,24 @@ def _site_command(name: str, act: Any, site: str | None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    command = list(args.argv)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = args.argv[1:] if args.argv[:1] == ["--"] else list(args.argv)
     if not command:
         print("te-offload-shim run: no command given (usage: te-offload-shim run -- CMD [ARGS...])", file=sys.stderr)
         return 2
     env = dict(os.environ)
     previous = env.get("PYTHONPATH", "")
-    bootstrap = pth.BOOTSTRAP_DIR
-    if bootstrap not in previous.split(os.pathsep):
+    if pth.BOOTSTRAP_DIR not in previous.split(os.pathsep):
         # Prepended, the user's entries kept as they were (an empty PYTHONPATH stays without a
         # trailing separator: an empty entry would put the current directory on sys.path).
-        env["PYTHONPATH"] = bootstrap + (os.pathsep + previous if previous else "")
+        env["PYTHONPATH"] = pth.BOOTSTRAP_DIR + (os.pathsep + previous if previous else "")
     _say_if_inert(command, env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
-        os.execvpe(command[0], command, env)  # the command gets our pid, signals and exit status
+        os.execvpe(command[0], command, env)  # the command gets our pid, signals and exit status: no return
     except OSError as exc:
         print(f"te-offload-shim run: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         return 127
-    return 0  # pragma: no cover - execvpe does not return
 
 
 def _say_if_inert(command: list[str], env: dict[str, str]) -> None:
@@ -76,21 +66,18 @@ def _say_if_inert(command: list[str], env: dict[str, str]) -> None:
 
     program = shutil.which(command[0], path=env.get("PATH")) or command[0]
     python: list[str] = [program]
-    if not os.path.basename(program).startswith("python"):
-        try:
-            with open(program, "rb") as file:
-                line = file.readline(256).decode("utf-8", "replace")
-        except OSError:
-            return
-        if not line.startswith("#!") or "python" not in line:
-            return  # not a Python program (a shell script, a binary): nothing to ask
-        python = line[2:].split()
     # Python 2.7 has no importlib.util (and no print function): there, both count as missing
     probe = (
         "import sys\ntry:\n import importlib.util as u\nexcept ImportError:\n u = None\n"
         "sys.stdout.write(' '.join(n for n in ('te_offload_shim', 'wrapt') if u is None or not u.find_spec(n)))"
     )
-    try:
+    try:  # a program that cannot be read or run: nothing to say
+        if not os.path.basename(program).startswith("python"):
+            with open(program, "rb") as file:
+                line = file.readline(256).decode("utf-8", "replace")
+            if not line.startswith("#!") or "python" not in line:
+                return  # not a Python program (a shell script, a binary): nothing to ask
+            python = line[2:].split()
         proc = subprocess.run([*python, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return
@@ -177,8 +164,8 @@ def _parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
-    for name, func in (("enable", _enable), ("disable", _disable)):
-        command(name, func).add_argument(
+    for name, act in (("enable", pth.enable), ("disable", pth.disable)):
+        command(name, functools.partial(_site_command, name, act)).add_argument(
             "--site", metavar="DIR", help="this directory instead of the interpreter's site-packages"
         )
     command("run", _run).add_argument("argv", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")

@@ -4,7 +4,7 @@
 `schema_version`), `assess()` judges it into problems (unhealthy: `status` exits 1) and warnings,
 `strict_failures()` says why `status --strict` fails the gate, `print_report()` writes the human
 form. The judging is one list of findings (`_findings`: the whole report's, then each target row's,
-`_row_findings`), in the order they are printed. The CLI parses and dispatches.
+`_row_findings`, then each `.pth` file's), in the order they are printed. The CLI parses and dispatches.
 
 Collecting with `do_import` imports each present target in this process (the package is installed
 here, as the CLI imports it), which is what lets `status --import` report what a real process gets.
@@ -39,13 +39,11 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     enabled = _switches.enabled()
     targets = all_targets()
     rows = [versions.target_row(t, enabled) for t in targets]
-    import_errors, import_output = _import_targets(rows) if do_import else ({}, [])
+    import_output = _import_targets(rows) if do_import else []
     shim = te_offload_shim.status()
     live = {r["name"]: r for r in shim["targets"]}
     for row in rows:  # a row of status() (engine/states.py's TargetRow), and what is installed
         row.update(live[row["name"]])
-        if do_import:
-            row["import_error"] = import_errors.get(row["target"].partition(":")[0])
     found, namesakes = versions.versions()
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -79,9 +77,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     }
     report["routes"]["in_force"] = _route_in_force(report["routes"], shim["installed"])
     problems, warnings = assess(report)
-    report["healthy"] = not problems
-    report["problems"] = problems
-    report["warnings"] = warnings
+    report.update(healthy=not problems, problems=problems, warnings=warnings)
     report["strict_failures"] = strict_failures(report)
     return report
 
@@ -106,19 +102,21 @@ def _disabled_by(names: list[str]) -> dict[str, list[str]]:
     return {value: [n for n in names if _switches.covers(value, n)] for value in sorted(_switches.disabled_targets())}
 
 
+# The routes besides the .pth files: (name, key of report["routes"]), in the order `in force here`
+# names them. The Ray hook counts where it ran: this process is a Ray worker.
+_ROUTES = (
+    ("sitecustomize bootstrap", "sitecustomize_bootstrap"),
+    ("VERL_USE_EXTERNAL_MODULES", "verl_external_modules"),
+    ("Ray worker setup hook", "ray_worker_setup_hook"),
+    ("PYTHONSTARTUP (interactive only)", "pythonstartup"),
+)
+
+
 def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
     """The route that activates the shim in processes started like this one."""
-    found = [
-        name
-        for name, on in (
-            (".pth", pth.in_force(routes["pth"])),
-            ("sitecustomize bootstrap", routes["sitecustomize_bootstrap"]),
-            ("VERL_USE_EXTERNAL_MODULES", routes["verl_external_modules"]),
-            ("Ray worker setup hook", routes["ray_worker_setup_hook"]),
-            ("PYTHONSTARTUP (interactive only)", routes["pythonstartup"]),
-        )
-        if on
-    ]
+    # a .pth file activates the shim in this user's interpreters where this user can read it
+    found = [".pth"] if any(entry["readable"] for entry in routes["pth"]) else []
+    found += [name for name, key in _ROUTES if routes[key]]
     if found:
         return ", ".join(found)
     return "none: active only where code imports te_offload_shim" + (" (as this process did)" if installed_here else "")
@@ -127,38 +125,38 @@ def _route_in_force(routes: dict[str, Any], installed_here: bool) -> str:
 # --- importing the targets (--import) ------------------------------------------------------------
 
 
-def _import_targets(rows: list[dict[str, Any]]) -> tuple[dict[str, str], list[str]]:
-    """Import each present target module, so that the shim patches it in this process.
+def _import_targets(rows: list[dict[str, Any]]) -> list[str]:
+    """Import each present target module, so that the shim patches it in this process; each row's
+    `import_error` says how its module's import failed (None: it did not, or the target is absent).
 
-    Returns the import errors, and what the imports printed or warned (megatron and its friends say
-    a lot): held back and shown after the report, not ahead of it."""
+    Returns what the imports printed or warned (megatron and its friends say a lot): held back and
+    shown after the report, not ahead of it."""
     import importlib
     import io
     import warnings
 
     errors: dict[str, str] = {}
-    said = io.StringIO()
-    below_python: list[str] = []  # what reached file descriptor 1 itself
-    with _descriptor_1_held(below_python), warnings.catch_warnings(record=True) as caught:
+    printed: list[str] = []  # each import's own output, then what reached file descriptor 1 itself
+    with _descriptor_1_held(printed), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")  # each warning once per place, as Python shows them
         for row in rows:
             module = row["target"].partition(":")[0]
-            if not row["present"] or module in errors:
-                continue
-            this = io.StringIO()  # this import's own output, for the error that cuts it short
-            with contextlib.redirect_stdout(this), contextlib.redirect_stderr(this):
-                try:
-                    importlib.import_module(module)
-                except Exception as exc:
-                    errors[module] = f"{type(exc).__name__}: {exc}"
-                except SystemExit as exc:
-                    # Research code that parses sys.argv at import (argparse) exits here: its import
-                    # failed, and the others are still to be checked. KeyboardInterrupt stops status.
-                    errors[module] = _exit_text(exc, this.getvalue())
-            said.write(this.getvalue())
-    lines = [line for text in (said.getvalue(), *below_python) for line in text.splitlines() if line.strip()]
+            if row["present"] and module not in errors:  # a module that failed is not imported again
+                this = io.StringIO()  # this import's own output, for the error that cuts it short
+                with contextlib.redirect_stdout(this), contextlib.redirect_stderr(this):
+                    try:
+                        importlib.import_module(module)
+                    except Exception as exc:
+                        errors[module] = f"{type(exc).__name__}: {exc}"
+                    except SystemExit as exc:
+                        # Research code that parses sys.argv at import (argparse) exits here: its import
+                        # failed, and the others are still to be checked. KeyboardInterrupt stops status.
+                        errors[module] = _exit_text(exc, this.getvalue())
+                printed.append(this.getvalue())
+            row["import_error"] = errors.get(module)
+    lines = [line for text in printed for line in text.splitlines() if line.strip()]
     lines += [f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught]
-    return errors, list(dict.fromkeys(lines))
+    return list(dict.fromkeys(lines))
 
 
 def _exit_text(exc: SystemExit, printed: str) -> str:
@@ -245,9 +243,17 @@ def _findings(report: dict[str, Any]) -> Iterator[Finding]:
         yield PROBLEM, f"flush net: error: {report['net']['detail']}"
     for row in report["targets"]:
         yield from _row_findings(report, row)
-    problems, warnings = pth.assess(report["routes"]["pth"])
-    yield from ((PROBLEM, p) for p in problems)
-    yield from ((WARNING, w) for w in warnings)
+    for entry in report["routes"]["pth"]:  # each te_offload_shim.pth this interpreter runs (pth.pth_files)
+        path, mode = entry["path"], entry["mode"] or "unknown"
+        again = "run `te-offload-shim enable` again"  # it writes the file readable by every user
+        if not entry["readable"]:  # site.py skips a file it cannot open, without a word
+            why = f"{path} is not readable by this user (mode {mode}): this interpreter starts without the shim"
+            yield PROBLEM, f"{why}; {again} as the file's owner (it writes the file readable by every user)"
+        elif not entry["current"]:
+            yield WARNING, f"outdated .pth line (re-run `te-offload-shim enable`): {path}"
+        elif entry["mode"] is not None and not int(entry["mode"], 8) & 0o004:
+            why = f"{path} is mode {mode}: other users' interpreters skip it and start without the shim"
+            yield WARNING, f"{why}; {again} (it writes the file readable by every user)"
 
 
 def _row_findings(report: dict[str, Any], row: dict[str, Any]) -> Iterator[Finding]:
@@ -287,8 +293,7 @@ def _supported(row: dict[str, Any]) -> str:
     """`yes (>=0.4.0)`: whether the installed release is one the entry declares, and the declaration."""
     if not row["present"] or not row["distribution"]:  # a TE_OFFLOAD_SHIM_TARGETS entry declares no releases
         return "-"
-    declared = row["supported"] or "no release"
-    return f"{_yes(row['in_supported'])} ({declared})"
+    return f"{_yes(row['in_supported'])} ({row['supported'] or 'no release'})"
 
 
 def _fixed(row: dict[str, Any]) -> str:
@@ -305,72 +310,54 @@ def _print_shim(report: dict[str, Any]) -> None:
     print(f"  python {report['python']['version']} ({report['python']['executable']})")
     print("versions:")
     for name, value in report["versions"].items():
+        other = ", ".join(report["namesakes"].get(name, ()))
+        note = f" ({other} installed is another package: it holds none of {name}'s modules)" if other else ""
         if name != "python":
-            other = report["namesakes"].get(name)
-            note = (
-                f" ({', '.join(other)} installed is another package: it holds none of {name}'s modules)"
-                if other
-                else ""
-            )
             print(f"  {name:<20} {value or '-'}{note}")
 
 
 def _print_targets(report: dict[str, Any], show_all: bool) -> None:
-    print("targets:")
     header = ["target", "present", "version", "supported", "fixed upstream", "would be patched", "disabled"]
     if report["imported"]:
         header += ["state", "shim wrappers"]  # `layers` in JSON: our wrappers on the attribute, 1 when patched
+    # What is here (and what would be patched) first: the targets present here and those the switches
+    # name (TE_OFFLOAD_SHIM_TARGETS, TE_OFFLOAD_SHIM_DISABLE); the many targets of frameworks this
+    # environment does not have after them (--all), else one summary line (every row: --all, or --json).
+    here = [r for r in report["targets"] if r["present"] or r.get("user") or r["disabled"]]
+    elsewhere = [r for r in report["targets"] if r not in here]
     table = [header]
-    # What is here (and what would be patched) first; the many targets of frameworks this
-    # environment does not have, one line (every row: --all, or --json).
-    shown, absent = _present_first(report["targets"], show_all)
-    for row in shown:
+    for row in here + elsewhere if show_all else here:
         cells = [row["name"], _yes(row["present"]), row["version"] or "-", _supported(row)]
         cells += [_fixed(row), _yes(row["would_be_patched"]), _yes(row["disabled"])]
-        if report["imported"]:
-            cells += [str(row["state"]), str(row["layers"])]
-        table.append(cells)
+        table.append(cells + ([str(row["state"]), str(row["layers"])] if report["imported"] else []))
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    if elsewhere and not show_all:  # a row of its own, aligned with the table's first two columns
+        names = ", ".join(row["name"] for row in elsewhere)
+        table.append(["others", "no", f"{len(elsewhere)} targets: {names} (every row: --all)"])
+    print("targets:")
     for cells in table:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
-    if absent:  # a row of its own, aligned with the table's first two columns
-        names = ", ".join(row["name"] for row in absent)
-        cells = ["others".ljust(widths[0]), "no".ljust(widths[1]), f"{len(absent)} targets: {names} (every row: --all)"]
-        print("  " + "  ".join(cells))
-
-
-def _present_first(rows: list[dict[str, Any]], show_all: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(rows of the table, rows left to one summary line): the targets present here, and those the
-    switches name (TE_OFFLOAD_SHIM_TARGETS, TE_OFFLOAD_SHIM_DISABLE), first, in the table's order;
-    the others after them with `show_all`, else in the summary."""
-    here = [r for r in rows if r["present"] or r.get("user") or r["disabled"]]
-    elsewhere = [r for r in rows if r not in here]
-    return (here + elsewhere, []) if show_all else (here, elsewhere)
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip())
 
 
 def _print_routes(report: dict[str, Any]) -> None:
     routes = report["routes"]
-    print("activation routes:")
     label = {True: "", False: " (outdated)", None: " (not readable by this user)"}
     files = ", ".join(p["path"] + label[p["current"]] for p in routes["pth"])
-    print(f"  .pth:                      {files or 'no'}")
-    print(f"  sitecustomize bootstrap:   {_yes(routes['sitecustomize_bootstrap'])}")
-    print(f"  VERL_USE_EXTERNAL_MODULES: {_yes(routes['verl_external_modules'])}")
-    print(f"  PYTHONSTARTUP:             {_yes(routes['pythonstartup'])}")
-    print(f"  Ray worker setup hook:     {_yes(routes['ray_worker_setup_hook'])} (in this process)")
-    print(f"  ray.init setup hook:       {routes['ray_init_propagation']}")
-    switches = ", ".join(f"{k}={v}" for k, v in report["switches"].items())
-    print(f"  switches:                  {switches or 'none set'}")
-    if report["unknown_switches"]:
-        unknown = ", ".join(
-            f"{e['name']}={e['value']}" + (f" (did you mean {e['closest']}?)" if e["closest"] else "")
-            for e in report["unknown_switches"]
-        )
-        print(f"  unknown switches:          {unknown}")
+    unknown = [
+        f"{e['name']}={e['value']}" + (f" (did you mean {e['closest']}?)" if e["closest"] else "")
+        for e in report["unknown_switches"]
+    ]
+    fields = [(".pth", files or "no"), *((name, _yes(routes[key])) for name, key in _ROUTES)]
+    fields += [("ray.init setup hook", routes["ray_init_propagation"])]
+    fields += [("switches", ", ".join(f"{k}={v}" for k, v in report["switches"].items()) or "none set")]
+    fields += [("unknown switches", ", ".join(unknown))] if unknown else []
     for value, names in report["disabled_by"].items():
         variants = " (its name-* variants included)" if len(names) > 1 and value != "*" else ""
-        print(f"  {_switches.DISABLE}={value} switches off: {', '.join(names) or 'no target'}{variants}")
-    print(f"  in force here:             {routes['in_force']}")
+        fields.append((f"{_switches.DISABLE}={value} switches off", f"{', '.join(names) or 'no target'}{variants}"))
+    fields.append(("in force here", routes["in_force"]))
+    print("activation routes:")
+    for name, value in fields:
+        print(f"  {name + ':':<33} {value}")
 
 
 def _net_line(net: dict[str, Any], installed: bool) -> str:

@@ -69,16 +69,6 @@ def _site_directory(site_dir: str | None) -> str:
     return directory
 
 
-def _in_place(path: str) -> bool:
-    """Whether the file at `path` is one we would write: a regular file (not a link planted in its
-    name) that every user can read."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_mode & 0o444 == 0o444
-
-
 def enable(site_dir: str | None = None) -> tuple[str, str]:
     """Write the .pth file; returns (what happened, path). Idempotent; safe to run from many
     processes at once (containers sharing one venv volume, nodes sharing an NFS environment, where
@@ -88,11 +78,14 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
     try:
         with open(path, "rb") as f:
             current: bytes | None = f.read()  # bytes: a file that is not UTF-8 is replaced, not a traceback
+        # as we would write it: a regular file (not a link planted in its name) that every user can read
+        mode = os.lstat(path).st_mode
+        in_place = stat.S_ISREG(mode) and mode & 0o444 == 0o444
     except FileNotFoundError:
-        current = None
+        current, in_place = None, False
     except OSError as exc:
         raise SiteError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if current == PTH_TEXT.encode() and _in_place(path):
+    if current == PTH_TEXT.encode() and in_place:
         return "already enabled", path
     tmp = None
     try:
@@ -160,58 +153,29 @@ def pth_files() -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"path": path, "current": None, "readable": False, "mode": None}
         with contextlib.suppress(OSError):
             entry["mode"] = f"{stat.S_IMODE(os.stat(path).st_mode):04o}"
-            with open(path, "rb") as f:
-                text = f.read()
-            entry["readable"] = True
-            entry["current"] = text == PTH_TEXT.encode()  # bytes: a file that is not UTF-8 is simply not ours
+            with open(path, "rb") as f:  # bytes: a file that is not UTF-8 is simply not ours
+                entry.update(readable=True, current=f.read() == PTH_TEXT.encode())
         found.append(entry)
     return found
-
-
-def assess(files: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """Problems and warnings about the .pth files `pth_files()` found, for `status`."""
-    problems: list[str] = []
-    warnings: list[str] = []
-    for entry in files:
-        path, mode = entry["path"], entry["mode"] or "unknown"
-        if not entry["readable"]:
-            problems.append(
-                f"{path} is not readable by this user (mode {mode}): this interpreter starts without the shim; "
-                "run `te-offload-shim enable` again as the file's owner (it writes the file readable by every user)"
-            )
-        elif not entry["current"]:
-            warnings.append(f"outdated .pth line (re-run `te-offload-shim enable`): {path}")
-        elif entry["mode"] is not None and not int(entry["mode"], 8) & 0o004:
-            warnings.append(
-                f"{path} is mode {mode}: other users' interpreters skip it and start without the shim; "
-                "run `te-offload-shim enable` again (it writes the file readable by every user)"
-            )
-    return problems, warnings
-
-
-def in_force(files: list[dict[str, Any]]) -> bool:
-    """Whether a .pth file activates the shim in this user's interpreters."""
-    return any(entry["readable"] for entry in files)
 
 
 # --- routes in force ----------------------------------------------------------------------------
 
 
-def routes(environ: Any = None) -> dict[str, Any]:
+def routes() -> dict[str, Any]:
     """The activation routes in force for this interpreter and the processes it starts."""
     from te_offload_shim.activation import ray_worker  # its flag only: importing it runs nothing
     from te_offload_shim.integrations import ray_runtime_env as ray
 
-    env = os.environ if environ is None else environ
-    external = [m.strip() for m in env.get(VERL_EXTERNAL, "").split(",") if m.strip()]
-    startup = env.get("PYTHONSTARTUP", "")
+    env = os.environ
     python_path = [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {
         "pth": pth_files(),
-        "sitecustomize_bootstrap": os.path.abspath(BOOTSTRAP_DIR) in python_path,
-        "verl_external_modules": "te_offload_shim" in external,
-        "pythonstartup": bool(startup) and os.path.abspath(startup) == os.path.abspath(STARTUP_FILE),
-        "ray_worker_setup_hook": env.get(ray.HOOK_ENV_VAR) == ray.RAY_HOOK
-        or ray_worker.hook_ran,  # ran here: a Ray worker
+        "sitecustomize_bootstrap": BOOTSTRAP_DIR in python_path,
+        "verl_external_modules": "te_offload_shim" in [m.strip() for m in env.get(VERL_EXTERNAL, "").split(",")],
+        # an empty PYTHONSTARTUP is the current folder, never our file
+        "pythonstartup": os.path.abspath(env.get("PYTHONSTARTUP", "")) == STARTUP_FILE,
+        # ran here (a Ray worker), or named for the workers
+        "ray_worker_setup_hook": ray_worker.hook_ran or env.get(ray.HOOK_ENV_VAR) == ray.RAY_HOOK,
         "ray_init_propagation": "when ray.init is called in a process where the shim is installed",
     }

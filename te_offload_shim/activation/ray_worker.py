@@ -16,6 +16,7 @@ hook_ran = False  # True in a worker where our hook ran: `te-offload-shim status
 def setup_worker() -> None:
     # Runs in a Ray worker, loaded by value: it may use no name of this module (it gets an empty
     # module namespace), so everything it needs is imported or written out here.
+    import contextlib
     import os
     import sys
 
@@ -24,19 +25,16 @@ def setup_worker() -> None:
     try:
         import te_offload_shim
     except Exception as exc:
-        try:
+        with contextlib.suppress(Exception):  # a closed or odd stderr: the worker goes on all the same
             sys.stderr.write(
                 f"te_offload_shim: this Ray worker cannot import te_offload_shim ({type(exc).__name__}: {exc}); "
                 "it runs without the shim. Install te-offload-shim in this worker's Python environment to have "
                 "it here.\n"
             )
-        except Exception:
-            pass
         return
-    try:
+    # ray_setup never raises; an older copy of the package in this worker might lack it
+    with contextlib.suppress(Exception):
         te_offload_shim.ray_setup()
         from te_offload_shim.activation import ray_worker
 
         ray_worker.hook_ran = True
-    except Exception:  # ray_setup never raises; an older copy of the package in this worker might lack it
-        pass

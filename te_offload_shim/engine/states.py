@@ -27,20 +27,25 @@ class TargetRow(TypedDict):
     layers: int  # our wrapper layers on the attribute (1 when patched)
 
 
-class NetRow(TypedDict):
+class _NetCounts(TypedDict):
+    """The flush net's counters (engine/net.py), in its `status()` row and in `stats()["net"]` alike."""
+
+    flushes: int  # allocator flushes the net saw (while on)
+    cleared_flushes: int  # of those, flushes before which it cleared at least one cache entry
+    entries: int  # cache entries it cleared
+    bytes: int  # bytes those entries held (each storage once)
+    primary_weight_cleared: int  # bytes of FP8 primary weights' transposes it dropped (they have no entries)
+    frozen_not_searched: int  # objects frozen by gc.freeze() when it armed: not searched for layers
+
+
+class NetRow(_NetCounts):
     """The flush net's row (engine/net.py): armed or not and why, and what it has cleared."""
 
     state: str  # "armed", "off" (a switch), "not armed" (TE not imported, or uninstalled), "error"
     detail: str  # why, in one line
-    flushes: int  # allocator flushes the net saw (while on)
-    cleared_flushes: int  # of those, flushes before which it cleared at least one cache entry
     layers: int  # TE layers whose caches it cleared (summed over flushes)
-    entries: int  # cache entries it cleared
-    bytes: int  # bytes those entries held (each storage once)
-    primary_weight_cleared: int  # bytes of FP8 primary weights' transposes it dropped (they have no entries)
     live_layers: int  # TE layers it knows of now (weak references)
     found_at_arming: int  # layers built before the net armed, found then
-    frozen_not_searched: int  # objects frozen by gc.freeze() when it armed: not searched for layers
     callers: list[str]  # "file:line in function" of the flushes that cleared something (distinct, first 16)
 
 
@@ -55,16 +60,10 @@ class Status(TypedDict):
     net: NetRow
 
 
-class NetTotals(TypedDict):
-    flushes: int  # allocator flushes the net saw (while on)
-    cleared_flushes: int  # of those, flushes before which it cleared something
-    entries: int
-    modules: int
-    bytes: int
-    primary_weight_cleared: int  # bytes of FP8 primary weights' transposes it dropped (they have no entries)
+class NetTotals(_NetCounts):
+    modules: int  # TE layers whose caches it cleared (summed over flushes)
     skipped: int  # layers left alone at its clearings (CUDA graphs, TE < 1.8, ...)
     errors: int  # its own errors (each kind also logged once)
-    frozen_not_searched: int  # objects frozen by gc.freeze() when it armed: not searched for layers
 
 
 class TargetTotals(TypedDict):
@@ -73,12 +72,12 @@ class TargetTotals(TypedDict):
     bytes: int
 
 
-class Stats(TypedDict):
-    calls: int  # wrapped offload calls
-    cleared_calls: int  # of those, calls that cleared at least one entry
-    entries: int  # cache entries cleared
+class Stats(TargetTotals):
+    """The totals of the table's targets (`calls`: wrapped offload calls; `entries`: cache entries
+    cleared; `bytes`: bytes those entries held, each storage once), and the net's own."""
+
+    cleared_calls: int  # of those calls, calls that cleared at least one entry
     modules: int  # TE modules whose caches were cleared
-    bytes: int  # bytes those entries held (each storage once)
     released_bytes: int  # allocator bytes released by the clearing (CUDA only; 0 elsewhere)
     skipped: int  # modules or chunks left alone (CUDA graphs, TE < 1.8 layout, ...)
     errors: int  # the shim's own errors (each also logged once)

@@ -24,7 +24,6 @@ import functools
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import CodeType
 from typing import Any
 
 from te_offload_shim._log import warn_once
@@ -51,23 +50,15 @@ _HOOK_SOURCE = Path(__file__).resolve().parent.parent / "activation" / "ray_work
 
 
 @functools.cache
-def _hook_code() -> CodeType:
+def worker_hook() -> Callable[[], None]:
+    """The setup hook for `ray.init`'s runtime_env: activation/ray_worker.py's `setup_worker`,
+    compiled into a module namespace of its own (`HOOK_NAME`, no module of `sys.modules`), which
+    cloudpickle (Ray's) therefore pickles by value instead of by reference. One for the process."""
     namespace: dict[str, Any] = {"__name__": HOOK_NAME}
     exec(compile(_HOOK_SOURCE.read_text(encoding="utf-8"), str(_HOOK_SOURCE), "exec"), namespace)
-    return namespace["setup_worker"].__code__
-
-
-def worker_hook() -> Callable[[], None]:
-    """The setup hook for `ray.init`'s runtime_env: activation/ray_worker.py's `setup_worker` in a
-    module namespace of its own, which cloudpickle (Ray's) therefore pickles by value instead of by
-    reference."""
-    import builtins
-    import types
-
-    namespace = {"__builtins__": builtins, "__name__": HOOK_NAME}
-    hook = types.FunctionType(_hook_code(), namespace, HOOK_NAME)
-    hook.__qualname__ = HOOK_NAME
-    return hook
+    hook = namespace["setup_worker"]
+    hook.__name__ = hook.__qualname__ = HOOK_NAME
+    return hook  # type: ignore[no-any-return]
 
 
 def is_ours(hook: object) -> bool:
@@ -75,7 +66,7 @@ def is_ours(hook: object) -> bool:
     Ray shows it by its name)."""
     if isinstance(hook, str):
         return hook in (RAY_HOOK, HOOK_NAME)
-    return getattr(hook, "__code__", None) is _hook_code()
+    return getattr(hook, "__code__", None) is worker_hook().__code__
 
 
 def _existing_hook(runtime_env: Any) -> object:
@@ -108,28 +99,23 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
     submitted = _submitted_job_env()
     runtime_env = kwargs.get("runtime_env")
     if runtime_env is None:
-        job_config = kwargs.get("job_config")
         # ray.init's runtime_env replaces the JobConfig's: start from the JobConfig's so nothing is lost.
-        base = getattr(job_config, "runtime_env", None) if submitted is None else None
+        base = getattr(kwargs.get("job_config"), "runtime_env", None) if submitted is None else None
         runtime_env = dict(base) if isinstance(base, dict) else {}
     elif not isinstance(runtime_env, dict):
         return kwargs
-    for source in (runtime_env, submitted):
-        hook = _existing_hook(source)
-        if hook is None:
-            continue
-        if not is_ours(hook):
-            warn_once(
-                "ray-hook-taken",
-                "te_offload_shim: the Ray job already has worker_process_setup_hook=%r; not adding %s. "
-                "Chain it: call te_offload_shim.ray_setup() first thing in your hook, or set "
-                "env_vars VERL_USE_EXTERNAL_MODULES=te_offload_shim (verl) / PYTHONPATH to the sitecustomize "
-                "bootstrap (te-offload-shim run).",
-                hook,
-                RAY_HOOK,
-            )
-        return kwargs
-    if submitted is not None and submitted.get("unreadable"):
+    hook = next((h for h in map(_existing_hook, (runtime_env, submitted)) if h is not None), None)
+    if hook is not None and not is_ours(hook):
+        warn_once(
+            "ray-hook-taken",
+            "te_offload_shim: the Ray job already has worker_process_setup_hook=%r; not adding %s. "
+            "Chain it: call te_offload_shim.ray_setup() first thing in your hook, or set "
+            "env_vars VERL_USE_EXTERNAL_MODULES=te_offload_shim (verl) / PYTHONPATH to the sitecustomize "
+            "bootstrap (te-offload-shim run).",
+            hook,
+            RAY_HOOK,
+        )
+    if hook is not None or (submitted or {}).get("unreadable"):  # ours already, or the job's cannot be read
         return kwargs
     if swapping := env_swapping(runtime_env, submitted):
         warn_once(
@@ -140,6 +126,5 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
             RAY_HOOK,
         )
         return kwargs
-    new_env = dict(runtime_env)
-    new_env["worker_process_setup_hook"] = worker_hook()  # fails open where it cannot import us
-    return {**kwargs, "runtime_env": new_env}
+    # a copy of the runtime_env with our hook, which fails open where the worker cannot import us
+    return {**kwargs, "runtime_env": {**runtime_env, "worker_process_setup_hook": worker_hook()}}

@@ -27,7 +27,7 @@ import platform
 import sys
 from collections.abc import Callable
 from importlib import metadata, util
-from importlib.machinery import EXTENSION_SUFFIXES
+from importlib.machinery import PathFinder
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -57,23 +57,15 @@ def module_file(name: str) -> str | None:
     top, *rest = name.split(".")
     try:
         spec = util.find_spec(top)  # a top-level name imports nothing
+        for part in rest:  # then the path finder's own lookup in the package's folders, which imports nothing
+            spec = PathFinder.find_spec(part, list(spec.submodule_search_locations or ())) if spec else None
     except (ImportError, ValueError):
         return None
-    if spec is None:
-        return None
-    if not rest:  # a namespace package has no file: its first folder stands for it
-        if spec.origin and os.path.isfile(spec.origin):
-            return spec.origin
+    if spec is not None and spec.origin and os.path.isfile(spec.origin):
+        return spec.origin
+    if spec is not None and not rest:  # a namespace package has no file: its first folder stands for it
         return next(iter(spec.submodule_search_locations or ()), None)
-    locations = list(spec.submodule_search_locations or ())
-    for part in rest[:-1]:
-        locations = [os.path.join(d, part) for d in locations if os.path.isdir(os.path.join(d, part))]
-    last = rest[-1]
-    suffixes = (".py", ".pyc", *EXTENSION_SUFFIXES)
-    candidates = (
-        os.path.join(d, name) for d in locations for name in (f"{last}/__init__.py", *(last + s for s in suffixes))
-    )
-    return next((c for c in candidates if os.path.isfile(c)), None)
+    return None
 
 
 def _normal(name: str) -> str:
@@ -81,23 +73,19 @@ def _normal(name: str) -> str:
 
 
 def _holds(dist: metadata.PathDistribution, root: str, path: str) -> bool:
-    """Whether `path` is one of the files the distribution (installed in `root`) lists in its RECORD,
-    or lies in the folder an editable install of it points at."""
+    """Whether `path` is one of the files the distribution (installed in `root`) lists in its RECORD
+    (an .egg-info: its list of files), or lies in the folder an editable install of it points at."""
     real = os.path.realpath(path)
     try:
         if real.startswith(root + os.sep):
-            relative = os.path.relpath(real, root).replace(os.sep, "/")
             record = _record(dist)
-            if record is not None and "\n" + relative + "," in record:
+            if record is None:  # an .egg-info: its list of files, in RECORD's shape
+                record = "".join(f"\n{file}," for file in dist.files or ())
+            if "\n" + os.path.relpath(real, root).replace(os.sep, "/") + "," in record:
                 return True
-            if record is None and any(str(file) == relative for file in dist.files or ()):  # an .egg-info's list
-                return True
-        direct = dist.read_text("direct_url.json")
-        if direct:
-            url = json.loads(direct)
-            if url.get("dir_info", {}).get("editable") and url.get("url", "").startswith("file:"):
-                checkout = os.path.realpath(unquote(urlparse(url["url"]).path))
-                return real.startswith(checkout + os.sep)
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+        if direct.get("dir_info", {}).get("editable") and direct.get("url", "").startswith("file:"):
+            return real.startswith(os.path.realpath(unquote(urlparse(direct["url"]).path)) + os.sep)
     except Exception:  # an unreadable RECORD or direct_url.json: this one does not say it holds the file
         return False
     return False
@@ -124,7 +112,6 @@ def holder(module: str, distribution: str | None) -> dict[str, Any]:
     named `distribution`, or named like the module's top-level package and installing files under
     it, that do not hold it, as "name version"."""
     path = module_file(module)
-    found: dict[str, Any] = {"file": path, "holder": None, "version": None, "namesakes": []}
     top = module.split(".")[0]
     installed = _installed(tuple(sys.path))
     named = [i for i in installed if distribution and i[0] == _normal(distribution)]
@@ -136,11 +123,10 @@ def holder(module: str, distribution: str | None) -> dict[str, Any]:
         same_root = [i for i in installed if real.startswith(i[1] + os.sep) and i not in named and i not in like_top]
         same_root.sort(key=lambda i: not _installs_under(i[2], top))  # the likely holders first
         held = next((i for i in named + like_top + same_root if _holds(i[2], i[1], path)), None)
-        if held is not None:
-            found["holder"], found["version"] = held[2].metadata["Name"], held[2].version
+    name, release = (held[2].metadata["Name"], held[2].version) if held is not None else (None, None)
     # by identity, not name: ROLL's own setup.py and PyPI's unrelated package are both `roll`
-    found["namesakes"] = [f"{i[2].metadata['Name']} {i[2].version}" for i in named + like_top if i is not held]
-    return found
+    namesakes = [f"{i[2].metadata['Name']} {i[2].version}" for i in named + like_top if i is not held]
+    return {"file": path, "holder": name, "version": release, "namesakes": namesakes}
 
 
 @functools.cache
@@ -168,16 +154,13 @@ def _own(held: dict[str, Any], distribution: str | None) -> bool:
 
 
 def _match(
-    target: Target, dist_version: str | None, held: dict[str, Any] | None, match: Callable[[Any], bool], said: str
+    target: Target, dist_version: str | None, unknown: str | None, match: Callable[[Any], bool], said: str
 ) -> tuple[bool | None, str]:
     """`match` of the installed release (a packaging Version) and how we know (`said`: what is
-    written for yes and for no, `|` between them), or (None, why it cannot be told)."""
-    if held is not None and held["file"] is not None and held["holder"] is None:
-        return None, no_holder_reason(target, held)
-    if held is not None and held["holder"] is not None and not _own(held, target.distribution):
-        return None, f"{target.module} is held by {held['holder']} {held['version']}, not by {target.distribution}"
+    written for yes and for no, `|` between them), or (None, why it cannot be told: `unknown`, the
+    module file's holder, where that says why)."""
     if dist_version is None:
-        return None, f"{target.distribution} version unknown"
+        return None, unknown or f"{target.distribution} version unknown"
     from packaging.version import Version
 
     try:
@@ -187,16 +170,7 @@ def _match(
     return found, f"{target.distribution} {dist_version} {said.split('|')[0 if found else 1]}"
 
 
-def no_holder_reason(target: Target, held: dict[str, Any]) -> str:
-    why = f"no installed distribution holds {held['file']} (a source checkout?)"
-    if held["namesakes"]:
-        why += f"; {', '.join(held['namesakes'])} installed is another package of that name"
-    return why
-
-
-def fixed_upstream(
-    target: Target, dist_version: str | None, held: dict[str, Any] | None = None
-) -> tuple[bool | None, str]:
+def fixed_upstream(target: Target, dist_version: str | None, unknown: str | None = None) -> tuple[bool | None, str]:
     """(fixed?, how we know) from the declared `fixed_in`, without importing the target."""
     if target.fixed_in is None:
         return False, "no release is declared to clear the caches itself"
@@ -204,12 +178,10 @@ def fixed_upstream(
 
     fixed_in = target.fixed_in
     said = f">= {fixed_in} (by version)|< {fixed_in} (by version)"
-    return _match(target, dist_version, held, lambda found: found >= Version(fixed_in), said)
+    return _match(target, dist_version, unknown, lambda found: found >= Version(fixed_in), said)
 
 
-def in_supported(
-    target: Target, dist_version: str | None, held: dict[str, Any] | None = None
-) -> tuple[bool | None, str]:
+def in_supported(target: Target, dist_version: str | None, unknown: str | None = None) -> tuple[bool | None, str]:
     """(is the installed release one the entry declares?, how we know). An installed pre-release or
     local build counts as the release it is (pip's `prereleases=True` for what is already there)."""
     if target.supported is None:
@@ -218,7 +190,7 @@ def in_supported(
 
     supported = target.supported
     inside = f"in {supported}|not in {supported}"
-    return _match(target, dist_version, held, lambda found: SpecifierSet(supported).contains(found, True), inside)
+    return _match(target, dist_version, unknown, lambda found: SpecifierSet(supported).contains(found, True), inside)
 
 
 def versions() -> tuple[dict[str, str | None], dict[str, list[str]]]:
@@ -229,18 +201,15 @@ def versions() -> tuple[dict[str, str | None], dict[str, list[str]]]:
     for PyPI's unrelated `roll`)."""
     from te_offload_shim.integrations.targets import BUILTIN
 
-    found: dict[str, str | None] = {"python": platform.python_version()}
-    for name in CORE:
-        found[name] = te_version() if name == "transformer-engine" else version(name)
+    found: dict[str, str | None] = {"python": platform.python_version(), **{name: version(name) for name in CORE}}
+    found["transformer-engine"] = te_version()  # TE ships under several names
     by_name: dict[str, list[dict[str, Any]]] = {}
     for target in BUILTIN:  # each entry of a framework outside CORE, by the file of its watched module
-        distribution = target.distribution
-        if distribution and distribution not in CORE:
-            held = holder(target.module, distribution)
-            by_name.setdefault(distribution, []).append(held)
-            found[distribution] = held["version"] if _own(held, distribution) else found.get(distribution)
+        if target.distribution and target.distribution not in CORE:
+            by_name.setdefault(target.distribution, []).append(holder(target.module, target.distribution))
     namesakes = {}
     for name, helds in by_name.items():
+        found[name] = next((h["version"] for h in helds if _own(h, name)), None)
         holding = {h["holder"] + " " + h["version"] for h in helds if h["holder"] is not None}
         others = [n for n in dict.fromkeys(n for h in helds for n in h["namesakes"]) if n not in holding]
         if others:
@@ -260,35 +229,36 @@ def wrapt_ok(found: str | None) -> bool:
 def target_row(target: Target, enabled: bool) -> dict[str, Any]:
     """What we can tell about one target without importing it."""
     held = holder(target.module, target.distribution)
-    present = held["file"] is not None
-    dist_version = held["version"] if _own(held, target.distribution) else None
+    present, own = held["file"] is not None, _own(held, target.distribution)
+    others = ", ".join(held["namesakes"])
+    unknown = None  # why the release cannot be told from the module file's holder, where it cannot
     if not target.distribution:
         basis = "a TE_OFFLOAD_SHIM_TARGETS entry names no distribution"
     elif not present:
-        basis = "not present" + (
-            f"; {', '.join(held['namesakes'])} installed holds no {target.module}" if held["namesakes"] else ""
-        )
+        basis = "not present" + (f"; {others} installed holds no {target.module}" if others else "")
     elif held["holder"] is None:
-        basis = no_holder_reason(target, held)
+        basis = unknown = f"no installed distribution holds {held['file']} (a source checkout?)" + (
+            f"; {others} installed is another package of that name" if others else ""
+        )
     else:
         basis = f"{held['holder']} {held['version']} holds {held['file']}"
-    fixed, fixed_basis = fixed_upstream(target, dist_version, held) if present else (None, "not present")
-    supported, supported_basis = in_supported(target, dist_version, held) if present else (None, "not present")
+        if not own:
+            unknown = f"{target.module} is held by {held['holder']} {held['version']}, not by {target.distribution}"
+    dist_version = held["version"] if own else None
+    fixed, fixed_basis = fixed_upstream(target, dist_version, unknown) if present else (None, "not present")
+    supported, supported_basis = in_supported(target, dist_version, unknown) if present else (None, "not present")
     is_disabled = _switches.is_disabled(target.name)
     return {
         "name": target.name,
         "target": target.path,
-        "user": target.user,
-        "distribution": target.distribution,
+        # the entry's own declarations, as the table (or TE_OFFLOAD_SHIM_TARGETS) gives them
+        **{key: getattr(target, key) for key in ("user", "distribution", "supported", "fixed_in", "note")},
         "present": present,
         "version": dist_version,
         "version_basis": basis,
         "held_by": held["holder"],
-        "supported": target.supported,
         "in_supported": supported,
         "in_supported_basis": supported_basis,
-        "fixed_in": target.fixed_in,
-        "note": target.note,
         "fixed_upstream": fixed,
         "fixed_upstream_basis": fixed_basis,
         "disabled": is_disabled,

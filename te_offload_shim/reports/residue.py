@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import heapq
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from itertools import islice
 from types import BuiltinFunctionType, FunctionType, GetSetDescriptorType, MethodType, ModuleType
 from typing import Any
@@ -163,18 +165,13 @@ def _error(where: str, exc: BaseException) -> str:
     return f"{where}: {type(exc).__name__}: {exc}"
 
 
-# A module of the tree: (its chunk's names, the module). Paths are worked out only for the reported
-# holders (te/walk.py's Names, as `named_modules()` gives them).
-_Node = tuple[Names, Any]
+# A module of the tree, as the call that gives its path (its chunk's te/walk.py Names, bound to it):
+# paths are worked out only for the reported holders, as `named_modules()` gives them.
+_Node = Callable[[], str]
 
 
 def _label(attribute: str | tuple[str, Any]) -> str:
     return attribute if isinstance(attribute, str) else f"{attribute[0]}[{attribute[1]}]"
-
-
-def _path(node: _Node) -> str:
-    names, module = node
-    return names(module)
 
 
 # Read without the metaclass's attribute lookup: a class's MRO and its own namespace.
@@ -245,7 +242,7 @@ class _Walk:
                 report.errors.append(_error(names(module), exc))
             for module, d in zip(tree.every, tree.every_dicts, strict=True):
                 try:
-                    self.module((names, module), d, report)
+                    self.module(partial(names, module), d, report)
                 except Exception as exc:  # one odd module must not hide the rest
                     report.errors.append(_error(names(module), exc))
         self.claim(report, top)
@@ -280,7 +277,7 @@ class _Walk:
             try:
                 self.other(node, name, name, value, 0, category)
             except Exception as exc:  # one odd attribute costs only itself
-                report.errors.append(_error(f"{_path(node)}.{name}", exc))
+                report.errors.append(_error(f"{node()}.{name}", exc))
 
     def parameter(self, node: _Node, name: str, p: Any) -> None:
         parts = []
@@ -305,13 +302,11 @@ class _Walk:
         """Tensors a module keeps outside parameters and buffers, by attribute path (`key` leaves
         out container positions, so `other` adds them up per attribute), under `category`."""
         cls = type(value)
-        if cls in _SCALARS:
-            return
+        if cls in _SCALARS or issubclass(cls, _OPAQUE) or issubclass(cls, self.module_type):
+            return  # modules are walked through `_modules`; one merely referenced is not ours
         if cls in self.plain or issubclass(cls, self.torch.Tensor):
             self.add(category, node, label, value, key)
             return
-        if issubclass(cls, _OPAQUE) or issubclass(cls, self.module_type):
-            return  # modules are walked through `_modules`; one merely referenced is not ours
         fields = None
         if cls not in (list, tuple) and not issubclass(cls, dict):
             fields = _plain_fields(value)
@@ -356,23 +351,21 @@ class _Walk:
     def claim(self, report: ResidueReport, top: int) -> None:
         claimed: set[int] = set()
         holders: dict[tuple[int, str, str], list[Any]] = {}
-        other: dict[str, int] = {}
-        named: dict[str, int] = {}
+        other, named = report.other, report.named  # added up here; `other` sorted at the end
         for category in CATEGORIES:
             own_names = NAMED.get(category, ())
-            total = 0
             for node, attribute, key, t in self.found[category]:
                 try:
                     storage = t.untyped_storage()
                     address, size = storage.data_ptr(), storage.nbytes()
                 except Exception as exc:  # a tensor subclass without a storage (DTensor, fake)
                     if len(report.errors) < 10:
-                        report.errors.append(_error(f"{_path(node)}.{_label(attribute)}", exc))
+                        report.errors.append(_error(f"{node()}.{_label(attribute)}", exc))
                     continue
                 if not address or not size or address in claimed:
                     continue
                 claimed.add(address)
-                total += size
+                report.by_category[category] += size
                 slot = holders.setdefault((id(node), attribute, category), [node, attribute, category, 0])
                 slot[3] += size
                 if category == "other":
@@ -382,11 +375,9 @@ class _Walk:
                     own = attribute.rpartition(".")[2].partition("[")[0]  # `extra_main_grads[3]`
                     if own in own_names:
                         named[own] = named.get(own, 0) + size
-            report.by_category[category] = total
         report.storages = len(claimed)
         report.total_bytes = sum(report.by_category.values())
         report.other = dict(sorted(other.items(), key=lambda kv: -kv[1]))
-        report.named = named
         largest = heapq.nlargest(top, holders.values(), key=lambda s: s[3])
-        report.top = [Holder(_path(node), _label(attribute), category, n) for node, attribute, category, n in largest]
+        report.top = [Holder(node(), _label(attribute), category, n) for node, attribute, category, n in largest]
         self.found.clear()
