@@ -28,7 +28,7 @@ import sys
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from te_offload_shim._log import warn_once
+from te_offload_shim._log import describe_error, fail_open, warn_once
 from te_offload_shim._switches import FORCE_CUDA_GRAPHS
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off
@@ -141,16 +141,20 @@ def _count(workspaces: Any) -> int:
 
 def _unreadable(report: CacheReport, where: str, doing: str, exc: Exception, entries: int = 0) -> None:
     """One module (or chunk) that could not be read or cleared: left alone and reported (with the
-    `entries` it keeps, where known), the others go on."""
-    report.skipped.append(Skipped(where, f"{doing} raised {type(exc).__name__}: {exc}", entries))
-    report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
-    warn_once(
+    `entries` it keeps, where known), the others go on. The fail-open rule without strict mode: the
+    call's entry raises `ShimError` in strict mode, once every other layer is cleared."""
+    why = describe_error(exc)
+    fail_open(
+        exc,
         f"unreadable:{doing}:{type(exc).__name__}",
         "te_offload_shim: %s at %s raised %s; its caches are left in place, the other layers are still cleared",
         doing,
         where,
-        repr(exc),  # never the exception: a buffering log handler would keep its frames' tensors alive
+        why,
+        strict=False,
     )
+    report.skipped.append(Skipped(where, f"{doing} raised {why}", entries))
+    report.errors.append(f"{where}: {why}")
 
 
 class _Call:
