@@ -25,7 +25,6 @@ no collection of its own (benchmarks/walk.py, "collector left on"; the collector
 from __future__ import annotations
 
 import sys
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim._log import describe_error, fail_open, warn_once
@@ -162,10 +161,7 @@ class _Call:
     modules' parameters: their bytes are counted once, together, at the end of the call (one pass
     and one storage table for the whole call, not one per module; a storage two entries share counts
     once). They are held only until then: the offload frees memory after the call returns, and they
-    were all alive when it began.
-
-    Which module each value came from (for error messages) is two lists, the modules and where
-    each one's values end in `values`: no tuple per module (see the module's docstring)."""
+    were all alive when it began."""
 
     def __init__(
         self, torch: Any, clear: bool, graphs: GraphMarks | None, param_ids: set[int] | None, report: CacheReport
@@ -173,8 +169,6 @@ class _Call:
         self.torch, self.clear, self.graphs, self.param_ids, self.report = torch, clear, graphs, param_ids, report
         self.values: list[Any] = []
         self.params: list[Any] = []
-        self.owners: list[Any] = []  # the module of each run of values, in order
-        self.ends: list[int] = []  # where that module's values end in `values`
 
     def chunk(self, index: int, chunk: Any) -> None:
         """One chunk: report what cannot be read or is left in place, then take its live workspaces
@@ -273,8 +267,6 @@ class _Call:
 
     def add(self, module: Any, values: Any) -> None:
         self.values += values
-        self.owners.append(module)
-        self.ends.append(len(self.values))
         own = module.__dict__.get("_parameters")
         if own:
             self.params += own.values()
@@ -327,32 +319,20 @@ class _Call:
         report.modules += 1
 
     def account(self) -> None:
-        """Count the bytes of every value taken, then let go of them."""
+        """Count the bytes of every value taken, then let go of them. Accounting never keeps the
+        caches alive: what fails is reported as text (`describe_error`), never as the exception,
+        whose traceback's frames hold the values; the call's bytes are then not counted (its error
+        says why), and the caches are cleared all the same."""
         if not self.values:
             return
-        torch, report = self.torch, self.report
         try:
-            try:
-                freed, shared = sizes.count(self.values, self.params, torch)
-            except Exception:  # find the module whose values cannot be counted; count the others
-                freed = shared = 0
-                counted: set[int] = set()  # storages counted for earlier modules
-                for module, (start, end) in zip(self.owners, pairwise([0, *self.ends]), strict=True):
-                    try:
-                        own = (module.__dict__.get("_parameters") or {}).values()
-                        f, s = sizes.count(self.values[start:end], own, torch, counted)
-                    except Exception as exc:  # accounting must never keep the caches alive:
-                        text = repr(exc)  # repr(exc), never the exception: a buffering log handler
-                        del exc  # would keep its traceback, whose frames hold the popped values
-                        report.errors.append(f"accounting {type(module).__name__}: {text}")
-                        warn_once(f"account:{text[:40]}", "te_offload_shim: byte accounting failed: %s", text)
-                        continue
-                    freed += f
-                    shared += s
-            report.bytes += freed
-            report.bytes_shared += shared
+            freed, shared = sizes.count(self.values, self.params, self.torch)
+            self.report.bytes += freed
+            self.report.bytes_shared += shared
+        except Exception as exc:
+            key = f"account:{type(exc).__name__}"
+            fail_open(exc, key, "te_offload_shim: byte accounting failed: %s", exc, strict=False)
+            self.report.errors.append(f"accounting the caches' bytes: {describe_error(exc)}")
         finally:
             self.values.clear()
             self.params.clear()
-            self.owners.clear()
-            self.ends.clear()

@@ -233,6 +233,32 @@ def test_value_whose_accounting_raises_raises_in_strict_mode_after_clearing() ->
     assert layer._fp8_workspaces == {}
 
 
+def test_the_applications_signal_handler_exception_during_accounting_reaches_it_unreported() -> None:
+    """te/ follows the fail-open rule too (`_log.fail_open`, guarantee 34): a timeout the
+    application's signal handler raises while the clearing counts bytes is the application's, not
+    a value that cannot be counted: it goes on, the very object; the caches are cleared already."""
+    import signal
+
+    class StepTimeout(Exception):
+        pass
+
+    def timeout(signum: int, frame: object) -> None:
+        raise StepTimeout("step 7 took too long")
+
+    class Alarmed:
+        _data = property(lambda self: signal.raise_signal(signal.SIGALRM))
+
+    layer = te.TELinearStandIn(16, 16)
+    te.attach_workspaces(layer, {"weight": Alarmed()})
+    old = signal.signal(signal.SIGALRM, timeout)
+    try:
+        with pytest.raises(StepTimeout, match="step 7"):
+            clear_fp8_workspaces(layer, strict=False)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert layer._fp8_workspaces == {}
+
+
 def test_non_dict_workspaces_are_skipped_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     layers = [te.TELinearStandIn(8, 8) for _ in range(3)]
     for layer in layers:
