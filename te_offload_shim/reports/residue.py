@@ -31,7 +31,8 @@ from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
 from te_offload_shim.te.layouts import LEGACY_ATTRS, LEGACY_MARKER, WORKSPACES
-from te_offload_shim.te.walk import Names, walk
+from te_offload_shim.te.names import Names
+from te_offload_shim.te.walk import walk
 
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
 TOP = 10
@@ -164,7 +165,7 @@ def _error(where: str, exc: BaseException) -> str:
 
 
 # A module of the tree: (its chunk's names, the module). Paths are worked out only for the reported
-# holders (te/walk.py's Names, as `named_modules()` gives them).
+# holders (te/names.py's Names, as `named_modules()` gives them).
 _Node = tuple[Names, Any]
 
 

@@ -36,7 +36,7 @@ from te_offload_shim.te.graphs import TE_ONLY, GraphMarks, cuda_graph_reason
 from te_offload_shim.te.layouts import LEGACY_ATTRS, WORKSPACES
 from te_offload_shim.te.primary import primary_weight_copies
 from te_offload_shim.te.report import CacheReport, ShimError, Skipped
-from te_offload_shim.te.walk import Names, walk
+from te_offload_shim.te.walk import walk
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -156,6 +156,21 @@ def _unreadable(report: CacheReport, where: str, doing: str, exc: Exception, ent
     report.errors.append(f"{where}: {why}")
 
 
+def _names(index: int, chunk: Any) -> Where:
+    """A module's name in `chunk` for a record, as `named_modules()` gives it (te/names.py, loaded
+    at the first record made: a clearing that meets nothing odd names nothing)."""
+    found: list[Where] = []
+
+    def name(module: Any) -> str:
+        if not found:
+            from te_offload_shim.te.names import Names
+
+            found.append(Names(index, chunk))
+        return found[0](module)
+
+    return name
+
+
 class _Call:
     """One clearing (or scan): what it works with, its report, and the values it popped, with their
     modules' parameters: their bytes are counted once, together, at the end of the call (one pass
@@ -174,7 +189,7 @@ class _Call:
         """One chunk: report what cannot be read or is left in place, then take its live workspaces
         (unless CUDA graphs replay into them)."""
         report, torch, graphs = self.report, self.torch, self.graphs
-        names = Names(index, chunk)
+        names = _names(index, chunk)
         tree = walk(chunk, marks=graphs or TE_ONLY)
         for module, exc in tree.unreadable:
             _unreadable(report, names(module), "reading the module", exc)
@@ -196,12 +211,12 @@ class _Call:
                 index, zip(modern, modern_dicts, strict=True), torch, report, self.clear and graphed is None
             )
         except Exception as exc:  # the caches below are cleared all the same
-            _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
+            _unreadable(report, f"chunk{index}", "reading its FP8 primary weights", exc)
         live, workspaces = self._live(modern, modern_dicts)
-        if live and not self._graphed(index, graphed, names, workspaces):
+        if live and not self._graphed(index, graphed, workspaces):
             self.collect_entries(names, live, workspaces)
 
-    def _owned(self, found: list[Any], dicts: list[dict], names: Names) -> tuple[list[Any], list[dict]]:
+    def _owned(self, found: list[Any], dicts: list[dict], names: Where) -> tuple[list[Any], list[dict]]:
         """The modules of `found` (and their dicts) that own one of the call's parameters."""
         owned: list[Any] = []
         owned_dicts: list[dict] = []
@@ -215,7 +230,7 @@ class _Call:
                 _unreadable(self.report, names(module), "reading its parameters", exc)
         return owned, owned_dicts
 
-    def _report_legacy(self, legacy: list[Any], dicts: list[dict], names: Names) -> None:
+    def _report_legacy(self, legacy: list[Any], dicts: list[dict], names: Where) -> None:
         """TE < 1.8 layers that cached something: left in place (clearing them is unsafe), reported."""
         for module, d in zip(legacy, dicts, strict=True):
             held = [d.get(a) for a in LEGACY_ATTRS]
@@ -247,11 +262,11 @@ class _Call:
                     off[reason] = off.get(reason, 0) + 1
         return live, held
 
-    def _graphed(self, index: int, reason: str | Exception | None, names: Names, workspaces: list[Any]) -> bool:
+    def _graphed(self, index: int, reason: str | Exception | None, workspaces: list[Any]) -> bool:
         """Whether this chunk's caches stay because CUDA graphs may replay into them (said once, and
         reported); also when its graph settings could not be read (`reason` is what reading raised)."""
         if isinstance(reason, Exception):
-            _unreadable(self.report, names.prefix, "reading its CUDA graph settings", reason)
+            _unreadable(self.report, f"chunk{index}", "reading its CUDA graph settings", reason)
             return True
         if reason is None:
             return False

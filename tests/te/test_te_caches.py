@@ -259,6 +259,21 @@ def test_the_applications_signal_handler_exception_during_accounting_reaches_it_
     assert layer._fp8_workspaces == {}
 
 
+@pytest.mark.subprocess()
+def test_module_names_are_loaded_only_when_a_record_needs_one() -> None:
+    """te/names.py (the parent links that name a module in a record) is loaded by the first record a
+    clearing makes, never by a clearing that meets nothing odd (what a training process loads)."""
+    layer = te.TELinearStandIn(8, 8)
+    te.fill_like_forward(layer)
+    assert clear_fp8_workspaces(torch.nn.Sequential(layer)).entries == 1
+    assert "te_offload_shim.te.names" not in sys.modules
+    inner = te.TELinearStandIn(8, 8)
+    inner.__dict__["_fp8_workspaces"] = ["not", "a", "dict"]
+    odd = torch.nn.Sequential(torch.nn.Sequential(inner))
+    assert [s.where for s in clear_fp8_workspaces(odd).skipped] == ["chunk0.0.0"]
+    assert "te_offload_shim.te.names" in sys.modules
+
+
 def test_non_dict_workspaces_are_skipped_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     layers = [te.TELinearStandIn(8, 8) for _ in range(3)]
     for layer in layers:
