@@ -1,4 +1,5 @@
-"""The package's logger, its warn-once rule, and logging that can never fail an offload.
+"""The package's logger, its warn-once rule, logging that can never fail an offload, and the one
+fail-open rule (`fail_open`) of every `except Exception` that guards the application's work.
 
 Every log call of the package goes through `log` or `warn_once`: a handler or filter that raises
 (a "warnings are fatal" handler, a broken stream) must not escape into the wrapped offload or a
@@ -92,6 +93,41 @@ def warn_once(key: str, message: str, *args: object) -> bool:
         _warned.add(key)
     log(logging.WARNING, message, *args)
     return True
+
+
+def describe_error(exc: BaseException) -> str:
+    """`Type: message` of `exc`. Never raises (an exception whose `__str__` raises is named by its
+    type), and keeps no reference: a log record or report holding the exception would keep its
+    traceback's frames alive, and the tensors in them (a clearing's popped caches)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return type(exc).__name__
+
+
+def fail_open(exc: Exception, key: str, message: str, *args: object, strict: bool | None = None) -> None:
+    """The shim's one fail-open rule, for every `except Exception as exc:` that guards the
+    application's work (an offload, a flush, an import, `ray.init`, an actor's creation) from the
+    shim's own failure. Call it first in the `except` block, and count or record the failure after
+    it returns (what it raises is no failure of the shim's to count):
+
+    - what the application's signal handler raised (a step timeout from SIGALRM, a preemption notice)
+      is the application's own, on its way to it: raised on unchanged (_signals.py);
+    - strict mode raises the shim's own error: `TE_OFFLOAD_SHIM_STRICT=1`, or `strict` where the
+      caller decides (te/ reads no switch, and passes False: its entry raises `ShimError` once the
+      whole call is done);
+    - otherwise `message` is said once per `key` (the log is the operator's, a long run must not
+      drown in it), and the caller goes on without what failed. An exception in `args` is said as
+      `describe_error` gives it (`%s`): the record keeps no reference to it.
+
+    The sites that differ on purpose keep their own code, and say why there: the import hook in
+    `__init__.py` (it may import nothing, and never fails an import, even in strict mode), the flush
+    net's wrapper (`engine/net.py`: it must work while the interpreter tears modules down),
+    `engine/patch.apply` (an import callback: never strict; its caller says what failed), and
+    `log` above (a logging handler's failure is not warned about through logging)."""
+    if raised_by_signal_handler(exc) or (_switches.strict() if strict is None else strict):
+        raise exc
+    warn_once(key, message, *(describe_error(a) if isinstance(a, BaseException) else a for a in args))
 
 
 def first_line_level() -> int:

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import held_here
-from te_offload_shim._log import human_bytes, log, warn_once
+from te_offload_shim._log import describe_error, fail_open, human_bytes, log, warn_once
 from te_offload_shim._reload import kept
-from te_offload_shim._signals import raised_by_signal_handler
 from te_offload_shim.engine import attributes, registry, stats
 from te_offload_shim.te import caches
 from te_offload_shim.te.caching_off import describe
@@ -135,18 +134,16 @@ class Handler:
             if _switches.enabled() and not _switches.is_disabled(self.target.name):
                 return self._clear(instance, args, kwargs, covered, nested)
         except Exception as exc:
-            if raised_by_signal_handler(exc):
-                raise  # the application's own (a timeout its SIGALRM handler raised): on its way to it
-            registry.clearing_failed(self.target.name, describe_error(exc))
-            if _switches.strict():
-                raise
-            stats.add("table", "errors")
-            warn_once(
+            # raises the application's own exception (a timeout its SIGALRM handler raised); strict mode too
+            fail_open(
+                exc,
                 f"act:{self.target.name}:{type(exc).__name__}",
                 "te_offload_shim: %s: clearing FP8 caches failed (%s); the offload goes on without it",
                 self.target.path,
-                repr_safe(exc),
+                exc,
             )
+            registry.clearing_failed(self.target.name, describe_error(exc))
+            stats.add("table", "errors")
         return None, _NONE
 
     def _models(self, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -257,20 +254,3 @@ def _written_in_python(obj: object) -> bool:
     if cls is MethodType:
         return type(obj.__func__) is FunctionType  # type: ignore[attr-defined]
     return cls is FunctionType
-
-
-def repr_safe(obj: object) -> str:
-    """`repr(obj)` that cannot raise, and keeps no reference (a log record holding an exception
-    would keep its traceback's frames, and the tensors in them, alive)."""
-    try:
-        return repr(obj)
-    except Exception:
-        return f"<{type(obj).__name__}>"
-
-
-def describe_error(exc: BaseException) -> str:
-    """`Type: message` of an exception, which cannot raise (nor keep the exception)."""
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return type(exc).__name__

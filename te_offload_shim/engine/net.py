@@ -33,8 +33,9 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
-from te_offload_shim._log import human_bytes, log, warn_once
+from te_offload_shim._log import describe_error, fail_open, human_bytes, log, warn_once
 from te_offload_shim._reload import kept
+from te_offload_shim._signals import raised_by_signal_handler
 from te_offload_shim.engine import attributes, registry, stats
 from te_offload_shim.te import caches, layers, placement
 
@@ -83,10 +84,8 @@ def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...],
                 return _set("error", "no flush function to wrap: " + ", ".join(f"{m}.{a}" for m, a in flushes))
             return _set("armed", "wraps " + ", ".join(f"{m}.{a}" for m, a in flushes))
     except Exception as exc:  # the import of TE goes on; status says why the net is not there
-        if _switches.strict():
-            raise
-        warn_once("net:arm", "te_offload_shim: the flush net could not be armed: %r", exc)
-        return _set("error", f"arming failed: {type(exc).__name__}: {exc}")
+        fail_open(exc, "net:arm", "te_offload_shim: the flush net could not be armed: %s", exc)
+        return _set("error", f"arming failed: {describe_error(exc)}")
 
 
 def _set(state: str, detail: str) -> str:
@@ -155,7 +154,7 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
         wraps = functools.wraps(original, assigned=(), updated=())
 
     before = _untraced(_before_flush)
-    strict = _switches.strict
+    strict, from_signal = _switches.strict, raised_by_signal_handler
     inside = _inside  # held here: at interpreter shutdown the module's globals may be None already
 
     @wraps
@@ -168,12 +167,14 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
         inside.on = True
         try:
             # What this closure holds still works while the interpreter tears modules down (their
-            # globals set to None, TorchDynamo's too): whatever fails then, the flush runs.
+            # globals set to None, TorchDynamo's too): whatever fails then, the flush runs. So this is
+            # `_log.fail_open`'s rule without `_log` (`_before_flush` follows it; this catches what
+            # escapes it at teardown): the application's signal-handler exception and strict mode raise.
             try:
                 before(label)
-            except Exception:
+            except Exception as exc:
                 try:
-                    raising = strict()
+                    raising = from_signal(exc) or strict()
                 except Exception:
                     raising = False
                 if raising:
@@ -214,14 +215,13 @@ def _before_flush(label: str) -> None:
             report = caches.clear_layers(offloaded, graphs=attributes.cuda_graphs(), strict=_switches.strict())
             _cleared(label, report)
     except Exception as exc:
-        if _switches.strict():
-            raise
-        stats.add("net", "errors")
-        warn_once(
+        fail_open(
+            exc,
             f"net:{type(exc).__name__}",
             "te_offload_shim: the flush net failed (%s); the flush goes on without it",
-            _describe(exc),
+            exc,
         )
+        stats.add("net", "errors")
     finally:
         _inside.on = was
 
@@ -268,13 +268,6 @@ def _caller() -> str:
 
 def _is_wrapper(code: Any) -> bool:
     return code.co_name == "empty_cache" and code.co_filename == __file__
-
-
-def _describe(exc: BaseException) -> str:
-    try:
-        return f"{type(exc).__name__}: {exc}"
-    except Exception:
-        return type(exc).__name__
 
 
 def arming() -> dict[str, Any]:

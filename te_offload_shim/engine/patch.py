@@ -52,9 +52,12 @@ def apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
         with registry.lock:  # one decision per attribute, however many threads import at once
             state, detail = _apply(target, module)
     except Exception as exc:
+        # Not `_log.fail_open`: a hook never fails an import, strict mode included, and the caller
+        # says what failed (once, with the states that are no exception). Only the application's own
+        # exception (its signal handler's) goes on: the import callback hands it on, and runs again later.
         if raised_by_signal_handler(exc):
-            raise  # the application's own: the import callback hands it on, and runs again later
-        state, detail = "error", f"{type(exc).__name__}: {exc}"
+            raise
+        state, detail = "error", _log.describe_error(exc)
     registry.set_state(target.name, state, detail)
     return state, detail
 

@@ -29,8 +29,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from te_offload_shim._log import fail_open
 from te_offload_shim.engine import attributes, registry
-from te_offload_shim.engine.fail_open import fail_open
 
 # engine.wrapper (and wrapt with it) and the handler are imported inside the functions that wrap.
 
@@ -98,7 +98,7 @@ def _loader_handler(record: registry.Record) -> Callable[..., Any]:
             try:
                 patch_copies(actor_class)
             except Exception as exc:  # never fail an actor's creation
-                fail_open(exc, "ray-actor", "te_offload_shim: could not patch Ray actor class %r: %r", actor_class, exc)
+                fail_open(exc, "ray-actor", "te_offload_shim: could not patch Ray actor class %r: %s", actor_class, exc)
         return actor_class
 
     return handler
@@ -129,7 +129,7 @@ def _init_handler(record: registry.Record) -> Callable[..., Any]:
 
                 kwargs = ray_runtime_env.with_setup_hook(kwargs)
             except Exception as exc:  # ray.init must go on whatever happens here
-                fail_open(exc, "ray-hook-error", "te_offload_shim: could not add the Ray setup hook: %r", exc)
+                fail_open(exc, "ray-hook-error", "te_offload_shim: could not add the Ray setup hook: %s", exc)
         return wrapped(*args, **kwargs)
 
     return handler

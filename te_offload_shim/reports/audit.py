@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
-from te_offload_shim._log import first_line_level, log, warn_once
+from te_offload_shim._log import fail_open, first_line_level, log
 from te_offload_shim._reload import kept
 
 
@@ -109,7 +109,9 @@ def _finish(pending: Pending) -> None:
     )
 
 
-def fail(step: str, exc: BaseException) -> None:
-    # warn_once never raises (_log.log swallows what a handler raises), but a signal handler's exception,
-    # which is the application's own and goes on its way to it
-    warn_once(f"audit:{step}:{type(exc).__name__}", "te_offload_shim: residue audit (%s) failed: %r", step, exc)
+def fail(step: str, exc: Exception) -> None:
+    """The audit's fail-open rule: said once per step and kind, never raised, strict mode included (a
+    diagnostic must not break the run it diagnoses); but the application's signal handler's
+    exception is the application's own, and goes on its way to it."""
+    key = f"audit:{step}:{type(exc).__name__}"
+    fail_open(exc, key, "te_offload_shim: residue audit (%s) failed: %s", step, exc, strict=False)

@@ -33,7 +33,8 @@ from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
 from te_offload_shim.te.layouts import LEGACY_ATTRS, LEGACY_MARKER, WORKSPACES
-from te_offload_shim.te.walk import Names, walk
+from te_offload_shim.te.names import Names
+from te_offload_shim.te.walk import walk
 
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
 TOP = 10
@@ -165,7 +166,7 @@ def _error(where: str, exc: BaseException) -> str:
     return f"{where}: {type(exc).__name__}: {exc}"
 
 
-# A module of the tree, as the call that gives its path (its chunk's te/walk.py Names, bound to it):
+# A module of the tree, as the call that gives its path (its chunk's te/names.py Names, bound to it):
 # paths are worked out only for the reported holders, as `named_modules()` gives them.
 _Node = Callable[[], str]
 

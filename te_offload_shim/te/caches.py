@@ -25,10 +25,9 @@ no collection of its own (benchmarks/walk.py, "collector left on"; the collector
 from __future__ import annotations
 
 import sys
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from te_offload_shim._log import warn_once
+from te_offload_shim._log import describe_error, fail_open, warn_once
 from te_offload_shim._switches import FORCE_CUDA_GRAPHS
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off
@@ -37,7 +36,7 @@ from te_offload_shim.te.graphs import TE_ONLY, GraphMarks, cuda_graph_reason
 from te_offload_shim.te.layouts import LEGACY_ATTRS, WORKSPACES
 from te_offload_shim.te.primary import primary_weight_copies
 from te_offload_shim.te.report import CacheReport, ShimError, Skipped
-from te_offload_shim.te.walk import Names, walk
+from te_offload_shim.te.walk import walk
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -141,16 +140,35 @@ def _count(workspaces: Any) -> int:
 
 def _unreadable(report: CacheReport, where: str, doing: str, exc: Exception, entries: int = 0) -> None:
     """One module (or chunk) that could not be read or cleared: left alone and reported (with the
-    `entries` it keeps, where known), the others go on."""
-    report.skipped.append(Skipped(where, f"{doing} raised {type(exc).__name__}: {exc}", entries))
-    report.errors.append(f"{where}: {type(exc).__name__}: {exc}")
-    warn_once(
+    `entries` it keeps, where known), the others go on. The fail-open rule without strict mode: the
+    call's entry raises `ShimError` in strict mode, once every other layer is cleared."""
+    why = describe_error(exc)
+    fail_open(
+        exc,
         f"unreadable:{doing}:{type(exc).__name__}",
         "te_offload_shim: %s at %s raised %s; its caches are left in place, the other layers are still cleared",
         doing,
         where,
-        repr(exc),  # never the exception: a buffering log handler would keep its frames' tensors alive
+        why,
+        strict=False,
     )
+    report.skipped.append(Skipped(where, f"{doing} raised {why}", entries))
+    report.errors.append(f"{where}: {why}")
+
+
+def _names(index: int, chunk: Any) -> Where:
+    """A module's name in `chunk` for a record, as `named_modules()` gives it (te/names.py, loaded
+    at the first record made: a clearing that meets nothing odd names nothing)."""
+    found: list[Where] = []
+
+    def name(module: Any) -> str:
+        if not found:
+            from te_offload_shim.te.names import Names
+
+            found.append(Names(index, chunk))
+        return found[0](module)
+
+    return name
 
 
 class _Call:
@@ -158,10 +176,7 @@ class _Call:
     modules' parameters: their bytes are counted once, together, at the end of the call (one pass
     and one storage table for the whole call, not one per module; a storage two entries share counts
     once). They are held only until then: the offload frees memory after the call returns, and they
-    were all alive when it began.
-
-    Which module each value came from (for error messages) is two lists, the modules and where
-    each one's values end in `values`: no tuple per module (see the module's docstring)."""
+    were all alive when it began."""
 
     def __init__(
         self, torch: Any, clear: bool, graphs: GraphMarks | None, param_ids: set[int] | None, report: CacheReport
@@ -169,14 +184,12 @@ class _Call:
         self.torch, self.clear, self.graphs, self.param_ids, self.report = torch, clear, graphs, param_ids, report
         self.values: list[Any] = []
         self.params: list[Any] = []
-        self.owners: list[Any] = []  # the module of each run of values, in order
-        self.ends: list[int] = []  # where that module's values end in `values`
 
     def chunk(self, index: int, chunk: Any) -> None:
         """One chunk: report what cannot be read or is left in place, then take its live workspaces
         (unless CUDA graphs replay into them)."""
         report, torch, graphs = self.report, self.torch, self.graphs
-        names = Names(index, chunk)
+        names = _names(index, chunk)
         tree = walk(chunk, marks=graphs or TE_ONLY)
         for module, exc in tree.unreadable:
             _unreadable(report, names(module), "reading the module", exc)
@@ -198,12 +211,12 @@ class _Call:
                 index, zip(modern, modern_dicts, strict=True), torch, report, self.clear and graphed is None
             )
         except Exception as exc:  # the caches below are cleared all the same
-            _unreadable(report, names.prefix, "reading its FP8 primary weights", exc)
+            _unreadable(report, f"chunk{index}", "reading its FP8 primary weights", exc)
         live, workspaces = self._live(modern, modern_dicts)
-        if live and not self._graphed(index, graphed, names, workspaces):
+        if live and not self._graphed(index, graphed, workspaces):
             self.collect_entries(names, live, workspaces)
 
-    def _owned(self, found: list[Any], dicts: list[dict], names: Names) -> tuple[list[Any], list[dict]]:
+    def _owned(self, found: list[Any], dicts: list[dict], names: Where) -> tuple[list[Any], list[dict]]:
         """The modules of `found` (and their dicts) that own one of the call's parameters."""
         owned: list[Any] = []
         owned_dicts: list[dict] = []
@@ -217,7 +230,7 @@ class _Call:
                 _unreadable(self.report, names(module), "reading its parameters", exc)
         return owned, owned_dicts
 
-    def _report_legacy(self, legacy: list[Any], dicts: list[dict], names: Names) -> None:
+    def _report_legacy(self, legacy: list[Any], dicts: list[dict], names: Where) -> None:
         """TE < 1.8 layers that cached something: left in place (clearing them is unsafe), reported."""
         for module, d in zip(legacy, dicts, strict=True):
             held = [d.get(a) for a in LEGACY_ATTRS]
@@ -249,11 +262,11 @@ class _Call:
                     off[reason] = off.get(reason, 0) + 1
         return live, held
 
-    def _graphed(self, index: int, reason: str | Exception | None, names: Names, workspaces: list[Any]) -> bool:
+    def _graphed(self, index: int, reason: str | Exception | None, workspaces: list[Any]) -> bool:
         """Whether this chunk's caches stay because CUDA graphs may replay into them (said once, and
         reported); also when its graph settings could not be read (`reason` is what reading raised)."""
         if isinstance(reason, Exception):
-            _unreadable(self.report, names.prefix, "reading its CUDA graph settings", reason)
+            _unreadable(self.report, f"chunk{index}", "reading its CUDA graph settings", reason)
             return True
         if reason is None:
             return False
@@ -269,8 +282,6 @@ class _Call:
 
     def add(self, module: Any, values: Any) -> None:
         self.values += values
-        self.owners.append(module)
-        self.ends.append(len(self.values))
         own = module.__dict__.get("_parameters")
         if own:
             self.params += own.values()
@@ -323,32 +334,20 @@ class _Call:
         report.modules += 1
 
     def account(self) -> None:
-        """Count the bytes of every value taken, then let go of them."""
+        """Count the bytes of every value taken, then let go of them. Accounting never keeps the
+        caches alive: what fails is reported as text (`describe_error`), never as the exception,
+        whose traceback's frames hold the values; the call's bytes are then not counted (its error
+        says why), and the caches are cleared all the same."""
         if not self.values:
             return
-        torch, report = self.torch, self.report
         try:
-            try:
-                freed, shared = sizes.count(self.values, self.params, torch)
-            except Exception:  # find the module whose values cannot be counted; count the others
-                freed = shared = 0
-                counted: set[int] = set()  # storages counted for earlier modules
-                for module, (start, end) in zip(self.owners, pairwise([0, *self.ends]), strict=True):
-                    try:
-                        own = (module.__dict__.get("_parameters") or {}).values()
-                        f, s = sizes.count(self.values[start:end], own, torch, counted)
-                    except Exception as exc:  # accounting must never keep the caches alive:
-                        text = repr(exc)  # repr(exc), never the exception: a buffering log handler
-                        del exc  # would keep its traceback, whose frames hold the popped values
-                        report.errors.append(f"accounting {type(module).__name__}: {text}")
-                        warn_once(f"account:{text[:40]}", "te_offload_shim: byte accounting failed: %s", text)
-                        continue
-                    freed += f
-                    shared += s
-            report.bytes += freed
-            report.bytes_shared += shared
+            freed, shared = sizes.count(self.values, self.params, self.torch)
+            self.report.bytes += freed
+            self.report.bytes_shared += shared
+        except Exception as exc:
+            key = f"account:{type(exc).__name__}"
+            fail_open(exc, key, "te_offload_shim: byte accounting failed: %s", exc, strict=False)
+            self.report.errors.append(f"accounting the caches' bytes: {describe_error(exc)}")
         finally:
             self.values.clear()
             self.params.clear()
-            self.owners.clear()
-            self.ends.clear()

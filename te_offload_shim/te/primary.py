@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from te_offload_shim._log import warn_once
+from te_offload_shim._log import describe_error, fail_open
 from te_offload_shim.te import sizes
 
 if TYPE_CHECKING:
@@ -104,9 +104,8 @@ def _drop_transpose(param: Any, report: CacheReport) -> bool:
             return False
         report.primary_weight_dropped_by = how
         return True
-    except Exception as exc:
-        text = repr(exc)
-        del exc
-        report.errors.append(f"dropping a Float8Tensor transpose: {text}")
-        warn_once(f"transpose:{text[:40]}", "te_offload_shim: cannot drop an FP8 weight's transpose: %s", text)
+    except Exception as exc:  # the fail-open rule without strict mode: the call's entry raises ShimError then
+        key = f"transpose:{type(exc).__name__}"
+        fail_open(exc, key, "te_offload_shim: cannot drop an FP8 weight's transpose: %s", exc, strict=False)
+        report.errors.append(f"dropping a Float8Tensor transpose: {describe_error(exc)}")
         return False

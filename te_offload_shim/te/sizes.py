@@ -189,9 +189,9 @@ def storages(values: Any, torch: Any) -> dict[int, int]:
 STEP = 256
 
 
-def count(values: Any, params: Any, torch: Any, counted: set[int] | None = None) -> tuple[int, int]:
+def count(values: Any, params: Any, torch: Any) -> tuple[int, int]:
     """Bytes that dropping `values` frees (their unique storages), and bytes of theirs that live in a
-    storage one of `params` also lives in (not freed). Storages in `counted` are skipped, then added.
+    storage one of `params` also lives in (not freed).
 
     The second figure is the entries' own tensors' bytes (`nbytes`), not their storage's: an entry
     that is a view into a megatron DDP bucket shares the bucket, and the bucket is not the entry's.
@@ -202,10 +202,6 @@ def count(values: Any, params: Any, torch: Any, counted: set[int] | None = None)
     found: dict[int, int] = {}
     for i in range(0, len(values), STEP):
         found.update(storages(values[i : i + STEP], torch))
-    if counted is not None:  # None: a single call, nothing counted before it
-        for key in counted.intersection(found):
-            del found[key]
-        counted.update(found)
     shared = shared_with(found, params, torch)
     if not shared:
         return sum(found.values()), 0

@@ -1,7 +1,7 @@
 """The one pass over a model chunk's module tree, shared by the clearing and the residue report:
 the TE layers with caches (by layout), the CUDA-graph marks on the way, the modules that could not
-be read, and on request every module with its instance dict (the residue report reads them all);
-and the names of modules for reports.
+be read, and on request every module with its instance dict (the residue report reads them all).
+A module's name for a record is te/names.py's.
 
 Instance dicts only: `getattr(module, "_fp8_workspaces", None)` on a non-TE module goes through
 `nn.Module.__getattr__` and raises inside it, and a property of a module is never run.
@@ -91,40 +91,3 @@ def walk(chunk: Any, *, marks: GraphMarks = TE_ONLY, every: bool = False, seen: 
             unreadable.append((module, exc))
             push(reversed([child for _, child in child_modules(module)]))
     return Tree(modern, modern_dicts, legacy, legacy_dicts, graph_mark, unreadable, everything, every_dicts)
-
-
-class Names:
-    """Names of a chunk's modules for skip and error records, as `named_modules()` gives them.
-
-    Worked out only when a record needs one, and without recursion: `named_modules()` recurses, so
-    it raises RecursionError on a tree deeper than the recursion limit. One pass stores each
-    module's parent link; a name is then put together by following the links up."""
-
-    def __init__(self, index: int, chunk: Any) -> None:
-        self.prefix = f"chunk{index}"
-        self._chunk = chunk
-        self._links: dict[int, tuple[int, str] | None] | None = None
-
-    def _link_all(self) -> dict[int, tuple[int, str] | None]:
-        links: dict[int, tuple[int, str] | None] = {}
-        stack: list[tuple[Any, tuple[int, str] | None]] = [(self._chunk, None)]
-        while stack:  # pre-order, children in order: a shared module keeps its first name
-            module, link = stack.pop()
-            if id(module) in links:
-                continue
-            links[id(module)] = link
-            stack.extend((child, (id(module), key)) for key, child in reversed(child_modules(module)))
-        return links
-
-    def __call__(self, module: Any) -> str:
-        if self._links is None:
-            self._links = self._link_all()
-        if id(module) not in self._links:
-            return f"{self.prefix}.<{type(module).__name__}>"
-        keys = []
-        link = self._links[id(module)]
-        while link is not None:
-            parent, key = link
-            keys.append(key)
-            link = self._links[parent]
-        return ".".join([self.prefix, *reversed(keys)])

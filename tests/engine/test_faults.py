@@ -304,11 +304,12 @@ def test_ray_tracing_keyword_does_not_stop_the_clearing() -> None:
 def test_fail_open_hands_on_the_applications_exception_raises_in_strict_and_else_warns_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """engine/fail_open.py, the rule each fail-open site follows: what the application's signal
-    handler raised goes on to it, strict mode raises the shim's own error, else one warning per key."""
+    """_log.fail_open, the rule each fail-open site follows: what the application's signal handler
+    raised goes on to it, strict mode raises the shim's own error (the switch, or the caller's
+    `strict`), else one warning per key."""
     import signal
 
-    from te_offload_shim.engine.fail_open import fail_open
+    from te_offload_shim._log import describe_error, fail_open
 
     class Timeout(Exception):
         pass
@@ -321,18 +322,45 @@ def test_fail_open_hands_on_the_applications_exception_raises_in_strict_and_else
         try:
             signal.raise_signal(signal.SIGUSR1)
         except Timeout as exc:
-            with pytest.raises(Timeout):
-                fail_open(exc, "test-fail-open:signal", "te_offload_shim: %r", exc)
+            with pytest.raises(Timeout) as raised:
+                fail_open(exc, "test-fail-open:signal", "te_offload_shim: %s", describe_error(exc), strict=False)
+            assert raised.value is exc, "the very exception, even where the caller says not strict"
     finally:
         signal.signal(signal.SIGUSR1, old)
     own = RuntimeError("the shim's own")
     monkeypatch.setenv("TE_OFFLOAD_SHIM_STRICT", "1")
     with pytest.raises(RuntimeError, match="the shim's own"):
-        fail_open(own, "test-fail-open:own", "te_offload_shim: failed: %r", own)
-    monkeypatch.delenv("TE_OFFLOAD_SHIM_STRICT")
+        fail_open(own, "test-fail-open:own", "te_offload_shim: failed: %s", describe_error(own))
     caplog.set_level(logging.WARNING, logger="te_offload_shim")
-    for _ in range(2):
-        fail_open(own, "test-fail-open:own", "te_offload_shim: failed: %r", own)
+    # the exception itself in the message's arguments: said as describe_error says it, not kept
+    fail_open(own, "test-fail-open:own", "te_offload_shim: failed: %s", own, strict=False)
+    monkeypatch.delenv("TE_OFFLOAD_SHIM_STRICT")
+    with pytest.raises(RuntimeError, match="the shim's own"):
+        fail_open(own, "test-fail-open:own", "te_offload_shim: failed: %s", describe_error(own), strict=True)
+    fail_open(own, "test-fail-open:own", "te_offload_shim: failed: %s", describe_error(own))
     said = [r.getMessage() for r in caplog.records if "failed: RuntimeError" in r.getMessage()]
     # without the shim's prefix: caplog's format shows `%(name)s`, and the name is said once
-    assert said == ['failed: RuntimeError("the shim\'s own")'], said
+    assert said == ["failed: RuntimeError: the shim's own"], said
+    assert all(not isinstance(a, BaseException) for r in caplog.records for a in r.args or ())
+
+
+def test_describe_error_never_raises_and_keeps_no_reference() -> None:
+    """_log.describe_error: `Type: message` as a plain string; an exception whose `__str__` raises is
+    named by its type (the fail-open sites describe what failed with it, inside `except`)."""
+    import gc
+    import weakref
+
+    from te_offload_shim._log import describe_error
+
+    class Odd(Exception):
+        def __str__(self) -> str:
+            raise ValueError("no str")
+
+    odd = Odd()
+    assert describe_error(RuntimeError("boom")) == "RuntimeError: boom"
+    assert describe_error(odd) == "Odd"
+    alive = weakref.ref(odd)
+    text = describe_error(odd)
+    del odd
+    gc.collect()
+    assert alive() is None and type(text) is str

@@ -353,6 +353,50 @@ def test_a_failing_net_warns_once_and_the_flush_runs_and_strict_mode_raises(capl
         torch.cuda.empty_cache()
 
 
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_the_applications_signal_handler_exception_during_the_nets_clearing_reaches_the_flushs_caller() -> None:
+    """The net follows the fail-open rule (`_log.fail_open`, guarantee 34): a timeout the
+    application's SIGALRM handler raises while the net clears is the application's, not the net's
+    failure to swallow: it reaches the caller of the flush unchanged, and is not counted."""
+    import signal
+
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+    from te_offload_shim.te import caches
+
+    class StepTimeout(Exception):
+        pass
+
+    def timeout(signum: int, frame: Any) -> None:
+        raise StepTimeout("step 7 took too long")
+
+    net_case.install_device()
+    calls: list[int] = []
+    torch.cuda.empty_cache = lambda: calls.append(1) or "flushed"  # type: ignore[assignment,func-returns-value]
+    te = net_case.load()
+    layer = net_case.cached_linear(te)
+    net_case.offload_like_megatron(layer)
+    clear_layers = caches.clear_layers
+
+    def alarmed(layers: list[Any], **kwargs: Any) -> Any:
+        signal.raise_signal(signal.SIGALRM)  # the handler runs here, inside the net's clearing
+        return clear_layers(layers, **kwargs)
+
+    caches.clear_layers = alarmed  # type: ignore[assignment]
+    signal.signal(signal.SIGALRM, timeout)
+    try:
+        with pytest.raises(StepTimeout, match="step 7"):
+            _cuda().empty_cache()
+    finally:
+        caches.clear_layers = clear_layers  # type: ignore[assignment]
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    assert te_offload_shim.stats()["net"]["errors"] == 0, "the application's timeout counted as the net's failure"
+    assert _cuda().empty_cache() == "flushed" and calls == [1], "the next flush, without an alarm, runs as before"
+    assert net_case.entries(layer) == 0, "and the net clears the layer there"
+
+
 @pytest.mark.subprocess(env={**NO_TABLE, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531", "RANK": "0"})
 def test_a_reshard_of_torchs_fsdp_is_never_taken_for_an_offload() -> None:
     """torch's FSDP1 on the CPU (gloo, world size 1) around TE's layer: its parameters carry FSDP's

@@ -231,6 +231,45 @@ def test_the_audit_of_a_call_the_shim_left_alone_finds_the_calls_chunks(monkeypa
         audit.reset()
 
 
+def test_audit_hands_the_applications_signal_handler_exception_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit never raises its own failure into the offload, but a timeout the application's
+    signal handler raises while the audit runs is the application's (guarantee 34): it goes on, the
+    very object; the audit's own failure after it is still said, not raised."""
+    import signal
+
+    import torch
+
+    from te_offload_shim.integrations.targets import Target
+    from te_offload_shim.reports import audit, residue
+
+    class StepTimeout(Exception):
+        pass
+
+    def timeout(signum: int, frame: object) -> None:
+        raise StepTimeout("step 7 took too long")
+
+    def alarmed(models: object, **_: object) -> object:
+        signal.raise_signal(signal.SIGALRM)  # the handler runs here, inside the audit
+        raise AssertionError("unreachable")
+
+    monkeypatch.setattr(residue, "residue", alarmed)
+    target = Target("t", "m", "C.offload", "self.model")
+    old = signal.signal(signal.SIGALRM, timeout)
+    try:
+        pending = audit.begin(target, [torch.nn.Linear(2, 2)])
+        assert pending is not None
+        with pytest.raises(StepTimeout, match="step 7"):
+            pending.finish()
+        assert pending.models is None, "nothing kept after the audit"
+    finally:
+        signal.signal(signal.SIGALRM, old)
+        audit.reset()
+    monkeypatch.setattr(residue, "residue", lambda models, **_: 1 / 0)
+    pending = audit.begin(target, [])
+    assert pending is not None
+    pending.finish()  # its own failure: said once, never raised
+
+
 @pytest.mark.subprocess(fresh=True)
 def test_import_loads_neither_the_report_nor_torch() -> None:
     import sys

@@ -233,6 +233,47 @@ def test_value_whose_accounting_raises_raises_in_strict_mode_after_clearing() ->
     assert layer._fp8_workspaces == {}
 
 
+def test_the_applications_signal_handler_exception_during_accounting_reaches_it_unreported() -> None:
+    """te/ follows the fail-open rule too (`_log.fail_open`, guarantee 34): a timeout the
+    application's signal handler raises while the clearing counts bytes is the application's, not
+    a value that cannot be counted: it goes on, the very object; the caches are cleared already."""
+    import signal
+
+    class StepTimeout(Exception):
+        pass
+
+    def timeout(signum: int, frame: object) -> None:
+        raise StepTimeout("step 7 took too long")
+
+    class Alarmed:
+        _data = property(lambda self: signal.raise_signal(signal.SIGALRM))
+
+    layer = te.TELinearStandIn(16, 16)
+    te.attach_workspaces(layer, {"weight": Alarmed()})
+    old = signal.signal(signal.SIGALRM, timeout)
+    try:
+        with pytest.raises(StepTimeout, match="step 7"):
+            clear_fp8_workspaces(layer, strict=False)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert layer._fp8_workspaces == {}
+
+
+@pytest.mark.subprocess()
+def test_module_names_are_loaded_only_when_a_record_needs_one() -> None:
+    """te/names.py (the parent links that name a module in a record) is loaded by the first record a
+    clearing makes, never by a clearing that meets nothing odd (what a training process loads)."""
+    layer = te.TELinearStandIn(8, 8)
+    te.fill_like_forward(layer)
+    assert clear_fp8_workspaces(torch.nn.Sequential(layer)).entries == 1
+    assert "te_offload_shim.te.names" not in sys.modules
+    inner = te.TELinearStandIn(8, 8)
+    inner.__dict__["_fp8_workspaces"] = ["not", "a", "dict"]
+    odd = torch.nn.Sequential(torch.nn.Sequential(inner))
+    assert [s.where for s in clear_fp8_workspaces(odd).skipped] == ["chunk0.0.0"]
+    assert "te_offload_shim.te.names" in sys.modules
+
+
 def test_non_dict_workspaces_are_skipped_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     layers = [te.TELinearStandIn(8, 8) for _ in range(3)]
     for layer in layers:

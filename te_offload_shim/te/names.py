@@ -1,0 +1,48 @@
+"""The names of a chunk's modules for skip and error records, as `named_modules()` gives them.
+
+Loaded only when a record needs a name (te/caches.py; the residue report, which names what it
+finds): a clearing that meets nothing odd never loads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from te_offload_shim.te.walk import child_modules
+
+
+class Names:
+    """Names of a chunk's modules for skip and error records, as `named_modules()` gives them.
+
+    Worked out only when a record needs one, and without recursion: `named_modules()` recurses, so
+    it raises RecursionError on a tree deeper than the recursion limit. One pass stores each
+    module's parent link; a name is then put together by following the links up."""
+
+    def __init__(self, index: int, chunk: Any) -> None:
+        self.prefix = f"chunk{index}"
+        self._chunk = chunk
+        self._links: dict[int, tuple[int, str] | None] | None = None
+
+    def _link_all(self) -> dict[int, tuple[int, str] | None]:
+        links: dict[int, tuple[int, str] | None] = {}
+        stack: list[tuple[Any, tuple[int, str] | None]] = [(self._chunk, None)]
+        while stack:  # pre-order, children in order: a shared module keeps its first name
+            module, link = stack.pop()
+            if id(module) in links:
+                continue
+            links[id(module)] = link
+            stack.extend((child, (id(module), key)) for key, child in reversed(child_modules(module)))
+        return links
+
+    def __call__(self, module: Any) -> str:
+        if self._links is None:
+            self._links = self._link_all()
+        if id(module) not in self._links:
+            return f"{self.prefix}.<{type(module).__name__}>"
+        keys = []
+        link = self._links[id(module)]
+        while link is not None:
+            parent, key = link
+            keys.append(key)
+            link = self._links[parent]
+        return ".".join([self.prefix, *reversed(keys)])
