@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
 from te_offload_shim._locks import Lock
-from te_offload_shim._log import warn_once
+from te_offload_shim._log import fail_open
 from te_offload_shim._reload import kept
 
 if TYPE_CHECKING:
@@ -69,11 +69,6 @@ def write(counts: Callable[[], dict[str, Any]]) -> None:
             with open(temporary, "w", encoding="utf-8") as file:
                 file.write(data)
             os.replace(temporary, path)
-    except Exception as exc:
-        warn_once(
-            f"stats-file:{type(exc).__name__}",
-            "te_offload_shim: %s: cannot write %r: %r",
-            _switches.STATS,
-            template,
-            exc,
-        )
+    except Exception as exc:  # never strict: the file is a report, written at exit too
+        key = f"stats-file:{type(exc).__name__}"
+        fail_open(exc, key, "te_offload_shim: %s: cannot write %r: %s", _switches.STATS, template, exc, strict=False)

@@ -120,6 +120,26 @@ def test_stats_files_written_by_threads_at_once_are_always_whole(tmp_path: Path)
     assert [p.name for p in tmp_path.iterdir()] == ["stats.json"], "no temporary file left"
 
 
+def test_a_stats_file_that_cannot_be_written_is_said_once_and_never_raised(tmp_path: Path) -> None:
+    """A stats file in a folder that does not exist (or on a full disk) costs one warning: the
+    write, run after a clearing and at exit, never raises, strict mode included (it is a report);
+    the warning says the exception as text."""
+    from te_offload_shim import _log
+    from te_offload_shim.engine import stats, stats_file
+
+    said: list[str] = []
+    os.environ["TE_OFFLOAD_SHIM_STATS"] = str(tmp_path / "missing" / "stats.json")
+    os.environ["TE_OFFLOAD_SHIM_STRICT"] = "1"
+    _log._warned.discard("stats-file:FileNotFoundError")
+    try:
+        with _warnings_to(said):
+            stats_file.write(stats.counts)
+            stats_file.write(stats.counts)
+    finally:
+        del os.environ["TE_OFFLOAD_SHIM_STATS"], os.environ["TE_OFFLOAD_SHIM_STRICT"]
+    assert len(said) == 1 and "cannot write" in said[0] and "FileNotFoundError: " in said[0], said
+
+
 def test_strict_fails_where_only_pythonstartup_would_activate_it() -> None:
     """PYTHONSTARTUP runs in interactive sessions only: `python train.py` gets no shim from it."""
     from te_offload_shim.activation import pth
