@@ -97,6 +97,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     ]  # fmt: skip
     if pyfuncitem.config.option.runxfail:  # the suite's --runxfail holds in the child that runs the test
         args.append("--runxfail")
+    shown = pyfuncitem.config.getoption("capture") == "no"  # `-s`: the child's prints shown, whatever its outcome
+    if shown:
+        args.append("-s")
     timeout = opts.get("timeout", 180)
     if opts.get("fresh") or opts.get("activate") or opts.get("verl") in LEGACY_VERL or not _zygote.usable():
         rc, out = _fresh(args, env, timeout)
@@ -106,6 +109,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
             args, env, timeout, basetemp.with_name(basetemp.name + ".out")
         )  # the child empties basetemp
         where = "an interpreter forked from tests/support/zygote.py"
+    if shown:
+        print(out)
     if rc is None:
         outcome = child_outcome.Outcome("failed", f"{where} timed out after {timeout} s:\n{out[-4000:]}")
     else:

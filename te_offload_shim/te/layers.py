@@ -57,16 +57,6 @@ def note(layer: Any) -> None:
     _refs[key] = ref
 
 
-def live() -> list[Any]:
-    """The TE layers alive now, in the order they were built (one list: O(layers) references)."""
-    found = []
-    for ref in list(_refs.values()):  # a copy: another thread may be adding to the dict
-        layer = ref()
-        if layer is not None:
-            found.append(layer)
-    return found
-
-
 def entries() -> list[_Ref]:
     """The weak references themselves, in build order (one list; a dead one answers None): what
     the flush net's check walks (it keeps its probe on each)."""

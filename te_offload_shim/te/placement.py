@@ -122,23 +122,7 @@ class Probe(Protocol):
     def __call__(self) -> Any: ...
 
 
-class _Held:
-    __slots__ = ("layer", "probe")
-    probe: str | None
-
-    def __init__(self, layer: Any) -> None:
-        self.layer, self.probe = layer, None
-
-    def __call__(self) -> Any:
-        return self.layer
-
-
 _PLAIN: tuple[type, ...] = ()
-
-
-def offloaded(layers: Iterable[Any], is_device: str | None = None) -> list[Any]:
-    """The layers of `layers` whose weights have all left the device (`left_device`)."""
-    return offloaded_entries([_Held(layer) for layer in layers], is_device)
 
 
 def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) -> list[Any]:

@@ -436,6 +436,7 @@ def test_an_fp8_primary_weight_counts_by_the_bytes_of_its_inner_data() -> None:
     inner `_data`; on the device while that holds bytes, off once its storage is freed."""
     import torch
     from support import net_case
+    from support.placement import offloaded
 
     from harness import te_twin
     from te_offload_shim.te import placement
@@ -444,12 +445,12 @@ def test_an_fp8_primary_weight_counts_by_the_bytes_of_its_inner_data() -> None:
     with te_twin.model_init():
         layer = te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32)
     assert type(layer.weight).__name__ == "Float8Tensor"
-    assert placement.on_device(layer.weight) and placement.offloaded([layer]) == []
+    assert placement.on_device(layer.weight) and offloaded([layer]) == []
     layer.weight._data.untyped_storage().resize_(0)
     assert not placement.on_device(layer.weight)
-    assert placement.offloaded([layer]) == [], "the bias still holds bytes: half on the device"
+    assert offloaded([layer]) == [], "the bias still holds bytes: half on the device"
     layer.bias.data.untyped_storage().resize_(0)
-    assert placement.offloaded([layer]) == [layer]
+    assert offloaded([layer]) == [layer]
 
 
 @pytest.mark.subprocess(env=NO_TABLE)
@@ -518,6 +519,7 @@ def test_the_checks_one_look_covers_tes_quantized_parameters() -> None:
     that is not TE's always takes the full reading; every answer is the full reading's."""
     import torch
     from support import net_case
+    from support.placement import Held
 
     from harness import te_twin
     from te_offload_shim.te import placement
@@ -536,7 +538,7 @@ def test_the_checks_one_look_covers_tes_quantized_parameters() -> None:
 
     foreign = torch.nn.Linear(4, 4)
     foreign.weight = torch.nn.Parameter(torch.ones(4, 4).as_subclass(Foreign))
-    entries = [placement._Held(layer) for layer in (*built, foreign)]
+    entries = [Held(layer) for layer in (*built, foreign)]
     full = placement._decide
     read: list[Any] = []
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from support.placement import offloaded
 
 from te_offload_shim.integrations import flush
 from te_offload_shim.te import placement
@@ -131,7 +132,7 @@ def test_the_flush_loop_finds_exactly_the_offloaded_layers(cpu_is_the_device: No
     first_none = _layer(gone)
     first_none.register_parameter("a_none_first", None)
     first_none._parameters = {"a_none_first": None, **first_none._parameters}
-    assert placement.offloaded([on, off, half, bare, first_none]) == [off, first_none]
+    assert offloaded([on, off, half, bare, first_none]) == [off, first_none]
 
 
 @pytest.mark.subprocess(env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29541", "RANK": "0"})
@@ -154,14 +155,14 @@ def test_sharded_parameters_on_the_cpu_never_count_as_offloaded() -> None:
         sharded.register_parameter("weight", torch.nn.Parameter(distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])))
         sharded.register_parameter("bias", torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Shard(0)])))
         assert type(sharded.weight) is DTensor and not sharded.weight.is_cuda
-        assert not placement.left_device(sharded) and placement.offloaded([sharded]) == []
+        assert not placement.left_device(sharded) and offloaded([sharded]) == []
 
         inner = torch.nn.Linear(4, 4)
         FullyShardedDataParallel(inner, device_id=torch.device("cpu"), use_orig_params=True)
         marked = [p for p in inner.parameters() if getattr(p, "_fsdp_flattened", False)]
         assert marked and all(not p.is_cuda for p in marked), "FSDP1 marks its originals, here on the CPU"
-        assert not placement.left_device(inner) and placement.offloaded([inner]) == []
+        assert not placement.left_device(inner) and offloaded([inner]) == []
     finally:
         dist.destroy_process_group()
     plain = _layer(torch.ones(4, 4), torch.ones(4))
-    assert placement.left_device(plain) and placement.offloaded([plain]) == [plain], "plain CPU weights: off"
+    assert placement.left_device(plain) and offloaded([plain]) == [plain], "plain CPU weights: off"
