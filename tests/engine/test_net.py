@@ -331,12 +331,7 @@ def test_a_failing_net_warns_once_and_the_flush_runs_and_strict_mode_raises(capl
     import te_offload_shim
     from te_offload_shim.te import caches
 
-    net_case.install_device()
-    calls: list[int] = []
-    torch.cuda.empty_cache = lambda: calls.append(1) or "flushed"  # type: ignore[assignment,func-returns-value]
-    te = net_case.load()
-    layer = net_case.cached_linear(te)
-    net_case.offload_like_megatron(layer)
+    _layer, calls = net_case.offloaded_under_a_recording_flush()  # held: the net knows it by a weak reference
 
     def broken(layers: list[Any], **_: Any) -> Any:
         raise RuntimeError("the net's own bug")
@@ -360,7 +355,6 @@ def test_the_applications_signal_handler_exception_during_the_nets_clearing_reac
     failure to swallow: it reaches the caller of the flush unchanged, and is not counted."""
     import signal
 
-    import torch
     from support import net_case
 
     import te_offload_shim
@@ -372,12 +366,7 @@ def test_the_applications_signal_handler_exception_during_the_nets_clearing_reac
     def timeout(signum: int, frame: Any) -> None:
         raise StepTimeout("step 7 took too long")
 
-    net_case.install_device()
-    calls: list[int] = []
-    torch.cuda.empty_cache = lambda: calls.append(1) or "flushed"  # type: ignore[assignment,func-returns-value]
-    te = net_case.load()
-    layer = net_case.cached_linear(te)
-    net_case.offload_like_megatron(layer)
+    layer, calls = net_case.offloaded_under_a_recording_flush()
     clear_layers = caches.clear_layers
 
     def alarmed(layers: list[Any], **kwargs: Any) -> Any:

@@ -73,6 +73,20 @@ def install_device() -> None:
     device.install()
 
 
+def offloaded_under_a_recording_flush() -> tuple[Any, list[int]]:
+    """The twin's device, `torch.cuda.empty_cache` replaced by a recorder (each call appends 1 to
+    the list returned, and returns "flushed") before TE loads, and one cached TE Linear offloaded as
+    megatron-core offloads: (that layer, the recorder's calls)."""
+    import torch
+
+    install_device()
+    calls: list[int] = []
+    torch.cuda.empty_cache = lambda: calls.append(1) or "flushed"  # type: ignore[assignment,func-returns-value]
+    layer = cached_linear(load())
+    offload_like_megatron(layer)
+    return layer, calls
+
+
 def use_targets() -> None:
     """Put tests/hostile/targets (`shim_targets`, for `TE_OFFLOAD_SHIM_TARGETS`) on the path."""
     import sys
