@@ -17,14 +17,15 @@ from hostile_util import ALL_KINDS, cached_layer, child_exit_status, use_targets
 
 
 def _package_locks() -> list[tuple[str, Any]]:
-    """Every module-level `_lock` of the loaded package modules (however each one is made)."""
-    found = []
-    for name, module in list(sys.modules.items()):
-        if name == "te_offload_shim" or name.startswith("te_offload_shim."):
-            lock = vars(module).get("_lock")
-            if lock is not None and hasattr(lock, "__enter__"):
-                found.append((name, lock))
-    return found
+    """Every lock the package has made (`_locks.Lock`, which each lock of a module below the
+    start-up is), and the start-up's own, the import hook's."""
+    import te_offload_shim
+    from te_offload_shim import _locks
+
+    return [
+        ("te_offload_shim", te_offload_shim._lock),
+        *((f"_locks._all[{i}]", lock) for i, lock in enumerate(_locks._all)),
+    ]
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
@@ -36,12 +37,17 @@ def test_a_child_forked_while_every_lock_is_held_can_patch_clear_and_report(tmp_
 
     import te_offload_shim
     from te_offload_shim import _log
-    from te_offload_shim.engine import handler, patch  # noqa: F401  (their locks are held too)
+
+    # the modules that make a lock, those loaded only on request included: every one is held
+    from te_offload_shim.engine import handler, patch, stats_file  # noqa: F401
+    from te_offload_shim.integrations import megatron_ddp  # noqa: F401
+    from te_offload_shim.reports import audit  # noqa: F401
+    from te_offload_shim.te import process_globals  # noqa: F401
 
     write_module(tmp_path, "fork_target", "def offload(models):\n    return 'offloaded'\n")
     layer = cached_layer()
     locks = _package_locks()
-    assert len(locks) >= 4, locks
+    assert len(locks) >= 8, locks
     holding, release = threading.Event(), threading.Event()
 
     def hold_all() -> None:
