@@ -28,6 +28,7 @@ from types import BuiltinFunctionType, FunctionType, GetSetDescriptorType, Metho
 from typing import Any
 
 from te_offload_shim._log import human_bytes
+from te_offload_shim._signals import raised_by_signal_handler
 from te_offload_shim.reports.process_memory import on_device, private_pools, te_global_memory
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import caching_off, describe
@@ -163,6 +164,11 @@ def residue(models: object, *, device_type: str | None = None, top: int = TOP) -
 
 
 def _error(where: str, exc: BaseException) -> str:
+    """`where: Type: message`, for `errors`. What the application's signal handler raised while the
+    report ran (a step timeout, a preemption notice) is no failure of the report's: raised on, as
+    every fail-open path of the package does (`_log.fail_open`)."""
+    if raised_by_signal_handler(exc):
+        raise exc
     return f"{where}: {type(exc).__name__}: {exc}"
 
 
@@ -284,7 +290,8 @@ class _Walk:
         parts = []
         if type(p) not in self.plain:  # a TE FP8 primary weight (or another tensor subclass)
             parts = [(n, getattr(p, n, None)) for n in sizes.INNER_ATTRS]
-            parts = [(n, v) for n, v in parts if v is not None and v is not p]
+            # fields only: a tensor subclass has methods by some of these names (`Tensor.amax`)
+            parts = [(n, v) for n, v in parts if v is not None and v is not p and not callable(v)]
         if not parts:
             self.add("parameters", node, name, p)
         for inner_name, value in parts:
@@ -360,8 +367,9 @@ class _Walk:
                     storage = t.untyped_storage()
                     address, size = storage.data_ptr(), storage.nbytes()
                 except Exception as exc:  # a tensor subclass without a storage (DTensor, fake)
+                    error = _error(f"{node()}.{_label(attribute)}", exc)
                     if len(report.errors) < 10:
-                        report.errors.append(_error(f"{node()}.{_label(attribute)}", exc))
+                        report.errors.append(error)
                     continue
                 if not address or not size or address in claimed:
                     continue

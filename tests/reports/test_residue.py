@@ -444,3 +444,48 @@ def test_the_report_names_the_ddp_buffer_lists_megatrons_owner_search_reads() ->
     from te_offload_shim.reports import residue
 
     assert residue.DDP_BUFFER_LISTS == DDP_BUFFER_LISTS
+
+
+def test_the_applications_signal_handler_exception_inside_the_report_reaches_the_caller() -> None:
+    """A timeout the application's SIGALRM handler raises while `residue()` reads a tensor (here the
+    storage of a parameter's tensor subclass) is the application's, as in every fail-open path
+    (guarantee 34): raised on, never written into the report's `errors`. An exception of the
+    tensor's own is still one error of the report. (A parameter of a tensor subclass that is not
+    TE's is counted: its methods named like TE's fields, `Tensor.amax`, were taken for its parts.)"""
+    import signal
+
+    import torch
+
+    from te_offload_shim.reports.residue import residue
+
+    class StepTimeout(Exception):
+        pass
+
+    def timeout(signum: int, frame: object) -> None:
+        raise StepTimeout("step 7 took too long")
+
+    class Alarmed(torch.Tensor):
+        def untyped_storage(self) -> torch.UntypedStorage:
+            signal.raise_signal(signal.SIGALRM)  # the handler runs here, inside the report's claim
+            raise AssertionError("unreachable")
+
+    class Broken(torch.Tensor):
+        def untyped_storage(self) -> torch.UntypedStorage:
+            raise RuntimeError("no storage")
+
+    class Plain(torch.Tensor):  # a tensor subclass not TE's: its `amax` is Tensor's method, no field
+        pass
+
+    layer = torch.nn.Linear(2, 2)
+    layer.weight = torch.nn.Parameter(torch.ones(2, 2).as_subclass(Plain))
+    assert residue(layer, device_type="cpu").by_category["parameters"] == (4 + 2) * F32, "the weight is counted"
+    layer.weight = torch.nn.Parameter(torch.ones(2, 2).as_subclass(Alarmed))
+    old = signal.signal(signal.SIGALRM, timeout)
+    try:
+        with pytest.raises(StepTimeout, match="step 7"):
+            residue(layer, device_type="cpu")
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    layer.weight = torch.nn.Parameter(torch.ones(2, 2).as_subclass(Broken))
+    report = residue(layer, device_type="cpu")
+    assert [e for e in report.errors if "RuntimeError: no storage" in e], report.errors
