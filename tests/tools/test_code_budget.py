@@ -21,7 +21,7 @@ _spec.loader.exec_module(codelines)
 RUNTIME_BUDGET, PACKAGE_BUDGET, code_lines = codelines.RUNTIME_BUDGET, codelines.PACKAGE_BUDGET, codelines.code_lines
 # What a person runs, never a training process (pyproject.toml's contract "the runtime imports none
 # of the tools" keeps the runtime's imports away from them)
-# The runtime is within its budget (2,500 at 0.7.0.dev0). Until the package is (4,361 at
+# The runtime is within its budget (2,500 at 0.7.0.dev0). Until the package is (4,365 at
 # 0.7.0.dev0; docs/testing.md, "Code lines", says what is left), its test is a strict xfail: it turns
 # into a failure the day the budget is met, so that the mark goes then.
 OVER_BUDGET = pytest.mark.xfail(
