@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -19,3 +20,13 @@ _spec.loader.exec_module(discover)
 def main(*args: str) -> int:
     """`python3 scripts/discover.py ARGS...`, in this interpreter: its exit status."""
     return int(discover.main(list(args)))
+
+
+def def_line(file: Path, name: str, *, indented: bool = False) -> int:
+    """The line of `def name(` in `file` (at any indentation with `indented`): an oracle
+    independent of the scanner's ast walk."""
+    pattern = (r"\s*" if indented else "") + rf"def {name}\("
+    for number, line in enumerate(file.read_text().splitlines(), 1):
+        if re.match(pattern, line):
+            return number
+    raise AssertionError(f"no def {name} in {file}")

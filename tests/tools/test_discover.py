@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import DEPS, child_env
-from support.discover_script import SCRIPT
+from support.discover_script import SCRIPT, def_line
 from support.set_up import needs
 
 SWIFT = (DEPS / "ms-swift-4.6.0").resolve()  # discover reports resolved paths (.deps may be a link)
@@ -23,14 +23,6 @@ VERL_08 = (DEPS / "verl-0.8.0").resolve()
 VERL_09 = (DEPS / "verl-0.9.1").resolve()
 MEGATRON = (DEPS / "megatron-core-0.16.0").resolve()
 OFFLOAD = "offload_megatron_model_to_cpu"
-
-
-def _def_line(file: Path, name: str) -> int:
-    """The line of `def name(` in `file`: an oracle independent of the scanner's ast walk."""
-    for number, line in enumerate(file.read_text().splitlines(), 1):
-        if re.match(rf"def {name}\(", line):
-            return number
-    raise AssertionError(f"no def {name} in {file}")
 
 
 @pytest.mark.subprocess(timeout=120)
@@ -54,13 +46,13 @@ def test_discover_finds_verl_and_ms_swift_and_imports_nothing(capsys: pytest.Cap
 
     verl_file = VERL_08 / "verl" / "utils" / "megatron_utils.py"
     old = row(VERL_08, "verl.utils.megatron_utils")
-    assert (old["file"], old["line"]) == (str(verl_file), _def_line(verl_file, OFFLOAD))
+    assert (old["file"], old["line"]) == (str(verl_file), def_line(verl_file, OFFLOAD))
     assert old["covered"] is True and old["covered_by"] == "verl"
     fixed = row(VERL_09, "verl.utils.megatron_utils")
     assert fixed["covered"] is True and fixed["covered_by"] == "clears _fp8_workspaces itself"
     swift_file = SWIFT / "swift" / "megatron" / "trainers" / "utils.py"
     swift = row(SWIFT, "swift.megatron.trainers.utils")
-    assert (swift["file"], swift["line"]) == (str(swift_file), _def_line(swift_file, OFFLOAD))
+    assert (swift["file"], swift["line"]) == (str(swift_file), def_line(swift_file, OFFLOAD))
     assert swift["covered"] is True and swift["covered_by"] == "ms-swift" and swift["where"] == "models"
     # The measured precision over these three folders (docs/frameworks.md): nothing else is reported.
     assert [r["target"] for r in rows if not r["covered"]] == []
@@ -122,7 +114,7 @@ def test_run_from_the_checkout_it_reads_the_checkouts_table_with_nothing_install
     proc = _run_script("--all", str(tmp_path / "tree"), cwd=tmp_path)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert proc.stdout.splitlines() == [
-        f"verl.utils.megatron_utils:{OFFLOAD}  {module.resolve()}:{_def_line(module, OFFLOAD)}  moves weights "
+        f"verl.utils.megatron_utils:{OFFLOAD}  {module.resolve()}:{def_line(module, OFFLOAD)}  moves weights "
         "(buffer.offload_to_cpu()) and flushes (empty_cache())  [covered: verl]",
         "scripts/discover.py: 0 not covered, 1 covered",
     ]

@@ -9,11 +9,10 @@ interpreter (discover must import nothing; the second one installs the shim).
 from __future__ import annotations
 
 import json
-import re
-from pathlib import Path
 
 import pytest
 from conftest import DEPS
+from support.discover_script import def_line
 from support.set_up import needs
 
 FOLDERS = {
@@ -35,14 +34,6 @@ def _discover(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict]:
 
     assert main("--json", *args) == 0
     return json.loads(capsys.readouterr().out)
-
-
-def _def_line(file: Path, name: str) -> int:
-    """The line of `def name(` in `file`: an oracle independent of the scanner's ast walk."""
-    for number, line in enumerate(file.read_text().splitlines(), 1):
-        if re.match(rf"\s*def {name}\(", line):
-            return number
-    raise AssertionError(f"no def {name} in {file}")
 
 
 @pytest.mark.subprocess(timeout=120)
@@ -68,7 +59,8 @@ def test_discover_over_siirl_and_trinity_finds_siirl_and_covers_everything(
     ):
         offload = found(folder, OFFLOAD)
         file = FOLDERS[folder] / "siirl" / "utils" / "megatron" / "megatron_utils.py"
-        assert (offload["file"], offload["line"]) == (str(file), _def_line(file, "offload_megatron_model_to_cpu"))
+        line = def_line(file, "offload_megatron_model_to_cpu", indented=True)
+        assert (offload["file"], offload["line"]) == (str(file), line)
         assert "storage().resize_(0)" in offload["reason"] and "param.data = ...cpu" in offload["reason"]
         assert offload["covered_by"] == "siirl" and offload["spec"] == f"{OFFLOAD}@models"
         reward = found(folder, f"{workers}.{REWARD}")
