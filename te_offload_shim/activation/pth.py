@@ -97,7 +97,11 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
             os.fchmod(f.fileno(), PTH_MODE)
             f.write(PTH_TEXT)
             f.flush()
-            _sync(f.fileno())
+            try:  # on the disk (on the server, for NFS) before the rename puts the file in force
+                os.fsync(f.fileno())
+            except OSError as exc:  # a file system that cannot sync (some FUSE mounts) has written them all the same
+                if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
         os.replace(tmp, path)  # never a half-written line that site.py would run
     except OSError as exc:
         if tmp is not None:
@@ -107,27 +111,15 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
     return ("enabled" if current is None else "updated"), path
 
 
-def _sync(fd: int) -> None:
-    """The bytes on the disk (on the server, for NFS) before the rename makes the file the one in
-    force. A file system that cannot sync (some FUSE mounts) has written them all the same."""
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-
-
 def disable(site_dir: str | None = None) -> tuple[str, str]:
     """Remove the .pth file; returns (what happened, path). Idempotent. Raises SiteError with a
     one-line reason (a read-only site, a `site_dir` that is not a directory)."""
     path = os.path.join(_site_directory(site_dir), PTH_NAME)
-    if not os.path.lexists(path):  # asked first: on a read-only mount, removing a missing file is EROFS
-        return "already disabled", path
     try:
         os.remove(path)
-    except FileNotFoundError:
-        return "already disabled", path
     except OSError as exc:
+        if not os.path.lexists(path):  # gone, or never there (on a read-only mount that is EROFS, not ENOENT)
+            return "already disabled", path
         raise SiteError(f"cannot remove {path}: {exc.strerror or exc}") from None
     return "disabled", path
 
