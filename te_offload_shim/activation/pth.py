@@ -124,21 +124,17 @@ def disable(site_dir: str | None = None) -> tuple[str, str]:
     return "disabled", path
 
 
-def site_dirs() -> list[str]:
-    """The directories whose .pth files this interpreter runs at start-up."""
-    dirs = site.getsitepackages()  # in every Python 3.10+ site.py (virtualenv < 20, whose own lacked it, predates 3.10)
-    if site.ENABLE_USER_SITE:
-        dirs.append(site.getusersitepackages())
-    dirs.append(default_site())
-    return list(dict.fromkeys(os.path.abspath(d) for d in dirs))
-
-
 def pth_files() -> list[dict[str, Any]]:
     """Every te_offload_shim.pth this interpreter runs: whether its line is the current one, and
     whether this user can read it (site.py skips a file it cannot open, silently) and who else can.
     `current` is None when the file cannot be read."""
+    # the directories whose .pth files this interpreter runs at start-up (site.getsitepackages is in
+    # every Python 3.10+ site.py: virtualenv < 20, whose own lacked it, predates 3.10)
+    dirs = site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
     found = []
-    for directory in site_dirs():
+    for directory in dict.fromkeys(os.path.abspath(d) for d in [*dirs, default_site()]):
         path = os.path.join(directory, PTH_NAME)
         if not os.path.isfile(path):
             continue
