@@ -69,13 +69,12 @@ def is_ours(hook: object) -> bool:
     return getattr(hook, "__code__", None) is worker_hook().__code__
 
 
-def _existing_hook(runtime_env: Any) -> object:
-    if not isinstance(runtime_env, dict):
-        return None
+def _existing_hook(runtime_env: dict[str, Any]) -> object:
+    """The hook a runtime_env names: its own field, or Ray's variable in its env_vars."""
     hook = runtime_env.get("worker_process_setup_hook")
-    if hook is None:
-        env_vars = runtime_env.get("env_vars") or {}
-        hook = env_vars.get(HOOK_ENV_VAR) if isinstance(env_vars, dict) else None
+    env_vars = runtime_env.get("env_vars")
+    if hook is None and isinstance(env_vars, dict):
+        hook = env_vars.get(HOOK_ENV_VAR)
     return hook
 
 
@@ -104,7 +103,7 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
         runtime_env = dict(base) if isinstance(base, dict) else {}
     elif not isinstance(runtime_env, dict):
         return kwargs
-    hook = next((h for h in map(_existing_hook, (runtime_env, submitted)) if h is not None), None)
+    hook = next((h for h in map(_existing_hook, (runtime_env, submitted or {})) if h is not None), None)
     if hook is not None and not is_ours(hook):
         warn_once(
             "ray-hook-taken",
