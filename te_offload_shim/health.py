@@ -21,7 +21,6 @@ from typing import Any
 from te_offload_shim import _switches
 from te_offload_shim.activation import pth
 
-SCHEMA_VERSION = 2  # of `status --json`: 2 added schema_version, strict_failures, status()'s keys in every row
 PROBLEM = "problem"  # the report is unhealthy: `status` exits 1
 WARNING = "warning"  # said, and `status` still exits 0
 Finding = tuple[str, str]  # (PROBLEM or WARNING, what to say)
@@ -45,7 +44,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     rows = [{**row, **live[row["name"]]} for row in rows]  # what is installed, and status()'s row (states.TargetRow)
     found, namesakes = versions.versions()
     report: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": 2,  # of `status --json`: 2 added schema_version, strict_failures, status()'s keys in each row
         "shim": {
             "version": te_offload_shim.__version__,
             "path": os.path.dirname(os.path.abspath(te_offload_shim.__file__)),

@@ -50,13 +50,6 @@ class SiteError(Exception):
     """A site directory we cannot use; the message is one line for the operator."""
 
 
-# Every user of the interpreter must be able to read the file: site.py skips a .pth it cannot
-# open without a word, so a 0600 file written under `umask 077` (a hardened root shell, a Slurm
-# prolog) would leave every other user's processes without the shim. Set with fchmod, which
-# the umask does not touch.
-PTH_MODE = 0o644
-
-
 def _site_directory(site_dir: str | None) -> str:
     """The directory to write into or remove from. A `site_dir` must exist: a typo would otherwise
     create a folder no interpreter reads (enable) or report nothing to remove (disable) while the
@@ -94,7 +87,11 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
         # a predictable name), which site.py never reads (it does not end in .pth).
         fd, tmp = tempfile.mkstemp(prefix=f".{PTH_NAME}.", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), PTH_MODE)
+            # Every user of the interpreter must be able to read the file: site.py skips a .pth it
+            # cannot open without a word, so a 0600 file written under `umask 077` (a hardened root
+            # shell, a Slurm prolog) would leave every other user's processes without the shim. Set
+            # with fchmod, which the umask does not touch.
+            os.fchmod(f.fileno(), 0o644)
             f.write(PTH_TEXT)
             f.flush()
             try:  # on the disk (on the server, for NFS) before the rename puts the file in force

@@ -32,7 +32,6 @@ from te_offload_shim._log import warn_once
 ENV_SWAPPING = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
 RAY_HOOK = "te_offload_shim.ray_setup"
 HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
-_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set for the entrypoint of a `ray job submit`
 # the name Ray shows for our hook (runtime_env["worker_process_setup_hook"] once uploaded)
 HOOK_NAME = "te_offload_shim_ray_setup"
 
@@ -80,7 +79,7 @@ def _existing_hook(runtime_env: dict[str, Any]) -> object:
 
 def _submitted_job_env() -> dict[str, Any] | None:
     """The runtime_env of a `ray job submit`, which Ray merges with ray.init's (a clash is an error)."""
-    raw = os.environ.get(_JOB_CONFIG_ENV_VAR)
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")  # set for the entrypoint of a `ray job submit`
     if not raw:
         return None
     import json
