@@ -80,11 +80,10 @@ def _holds(dist: metadata.PathDistribution, root: str, path: str) -> bool:
             if "\n" + os.path.relpath(real, root).replace(os.sep, "/") + "," in "\n" + record:
                 return True
         direct = json.loads(dist.read_text("direct_url.json") or "{}")
-        if direct.get("dir_info", {}).get("editable") and direct.get("url", "").startswith("file:"):
-            return real.startswith(os.path.realpath(unquote(urlparse(direct["url"]).path)) + os.sep)
+        editable = direct.get("dir_info", {}).get("editable") and direct.get("url", "").startswith("file:")
+        return bool(editable) and real.startswith(os.path.realpath(unquote(urlparse(direct["url"]).path)) + os.sep)
     except Exception:  # an unreadable RECORD or direct_url.json: this one does not say it holds the file
         return False
-    return False
 
 
 def _installs_under(dist: metadata.PathDistribution, top: str) -> bool:
