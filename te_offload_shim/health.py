@@ -23,7 +23,6 @@ from te_offload_shim.activation import pth
 
 PROBLEM = "problem"  # the report is unhealthy: `status` exits 1
 WARNING = "warning"  # said, and `status` still exits 0
-Finding = tuple[str, str]  # (PROBLEM or WARNING, what to say)
 
 # --- gathering ---------------------------------------------------------------------------------
 
@@ -215,9 +214,9 @@ def _flush_stdout() -> None:
 # --- judging -------------------------------------------------------------------------------------
 
 
-def _findings(report: dict[str, Any]) -> Iterator[Finding]:
-    """What is wrong with the report, in the order it is listed: the whole report's first, then each
-    target row's, then the .pth files'."""
+def _findings(report: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """What is wrong with the report, as (PROBLEM or WARNING, what to say), in the order it is listed:
+    the whole report's first, then each target row's, then the .pth files'."""
     from te_offload_shim.integrations import versions
     from te_offload_shim.integrations.user_targets import switch_problems, unknown_switch_text
 
