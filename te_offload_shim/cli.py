@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from te_offload_shim import health
+from te_offload_shim import __version__, health
 from te_offload_shim.activation import pth
 
 
@@ -195,8 +195,6 @@ def _parser() -> argparse.ArgumentParser:
 def version_text() -> str:
     """`0.7.0.dev0`, with the commit when the package runs from a git checkout (`(commit abc1234)`)."""
     import subprocess
-
-    from te_offload_shim import __version__
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     if not os.path.exists(os.path.join(root, ".git")):

@@ -4,7 +4,7 @@
 `schema_version`), `assess()` judges it into problems (unhealthy: `status` exits 1) and warnings,
 `strict_failures()` says why `status --strict` fails the gate, `print_report()` writes the human
 form. The judging is one list of findings (`_findings`: the whole report's, then each target row's,
-`_row_findings`, then each `.pth` file's), in the order they are printed. The CLI parses and dispatches.
+then each `.pth` file's), in the order they are printed. The CLI parses and dispatches.
 
 Collecting with `do_import` imports each present target in this process (the package is installed
 here, as the CLI imports it), which is what lets `status --import` report what a real process gets.
@@ -21,10 +21,8 @@ from typing import Any
 from te_offload_shim import _switches
 from te_offload_shim.activation import pth
 
-SCHEMA_VERSION = 2  # of `status --json`: 2 added schema_version, strict_failures, status()'s keys in every row
 PROBLEM = "problem"  # the report is unhealthy: `status` exits 1
 WARNING = "warning"  # said, and `status` still exits 0
-Finding = tuple[str, str]  # (PROBLEM or WARNING, what to say)
 
 # --- gathering ---------------------------------------------------------------------------------
 
@@ -42,11 +40,10 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     import_output = _import_targets(rows) if do_import else []
     shim = te_offload_shim.status()
     live = {r["name"]: r for r in shim["targets"]}
-    for row in rows:  # a row of status() (engine/states.py's TargetRow), and what is installed
-        row.update(live[row["name"]])
+    rows = [{**row, **live[row["name"]]} for row in rows]  # what is installed, and status()'s row (states.TargetRow)
     found, namesakes = versions.versions()
     report: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": 2,  # of `status --json`: 2 added schema_version, strict_failures, status()'s keys in each row
         "shim": {
             "version": te_offload_shim.__version__,
             "path": os.path.dirname(os.path.abspath(te_offload_shim.__file__)),
@@ -174,15 +171,13 @@ def _descriptor_1_held(sink: list[str]) -> Iterator[None]:
     into `sink`: a C extension's printf, a subprocess the import runs, a write to fd 1, none of which
     Python's `sys.stdout` sees. `status --json` must print one JSON document and nothing else."""
     _flush_stdout()  # what was written before belongs where it was going
-    try:
-        held = _scratch_file()
-    except OSError:  # nowhere to hold it: leave it as it is
-        yield
-        return
-    with held:
+    with contextlib.ExitStack() as stack:
         try:
+            held = stack.enter_context(_scratch_file())
             saved = os.dup(1)
-        except OSError:  # no descriptor 1 (closed by the caller): nothing can reach the report either
+        except OSError:
+            # nowhere to hold it, or no descriptor 1 (closed by the caller: nothing can reach the report
+            # either): leave it as it is
             yield
             return
         os.dup2(held.fileno(), 1)
@@ -219,9 +214,9 @@ def _flush_stdout() -> None:
 # --- judging -------------------------------------------------------------------------------------
 
 
-def _findings(report: dict[str, Any]) -> Iterator[Finding]:
-    """What is wrong with the report, in the order it is listed: the whole report's first, then each
-    target row's, then the .pth files'."""
+def _findings(report: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """What is wrong with the report, as (PROBLEM or WARNING, what to say), in the order it is listed:
+    the whole report's first, then each target row's, then the .pth files'."""
     from te_offload_shim.integrations import versions
     from te_offload_shim.integrations.user_targets import switch_problems, unknown_switch_text
 
@@ -242,7 +237,20 @@ def _findings(report: dict[str, Any]) -> Iterator[Finding]:
     if report["net"]["state"] == "error":
         yield PROBLEM, f"flush net: error: {report['net']['detail']}"
     for row in report["targets"]:
-        yield from _row_findings(report, row)
+        name, state = row["name"], row.get("state") or ""
+        if state == "error":
+            yield PROBLEM, f"{name}: error: {row.get('detail', '')}"
+        if state == "absent" and row.get("user") and row.get("imported"):
+            module, _, attribute = row["target"].partition(":")
+            yield PROBLEM, f"{name}: {module} has no attribute {attribute} (misspelt in {_switches.TARGETS}?)"
+        if row.get("layers", 0) > 1:
+            yield PROBLEM, f"{name}: {row['layers']} shim wrappers stacked on {row['target']}"
+        if row.get("import_error"):
+            yield WARNING, f"{name}: import failed: {row['import_error']}"
+        if report["imported"] and row["would_be_patched"] and row.get("imported") and state != "patched":
+            yield WARNING, f"{name}: expected to be patched, state is {state!r}"
+        if row["in_supported"] is False and row["would_be_patched"]:
+            yield WARNING, f"{name}: {row['in_supported_basis']}: a release this entry was not checked on"
     for entry in report["routes"]["pth"]:  # each te_offload_shim.pth this interpreter runs (pth.pth_files)
         path, mode = entry["path"], entry["mode"] or "unknown"
         again = "run `te-offload-shim enable` again"  # it writes the file readable by every user
@@ -254,24 +262,6 @@ def _findings(report: dict[str, Any]) -> Iterator[Finding]:
         elif entry["mode"] is not None and not int(entry["mode"], 8) & 0o004:
             why = f"{path} is mode {mode}: other users' interpreters skip it and start without the shim"
             yield WARNING, f"{why}; {again} (it writes the file readable by every user)"
-
-
-def _row_findings(report: dict[str, Any], row: dict[str, Any]) -> Iterator[Finding]:
-    """What is wrong with one target row."""
-    name, state = row["name"], row.get("state") or ""
-    if state == "error":
-        yield PROBLEM, f"{name}: error: {row.get('detail', '')}"
-    if state == "absent" and row.get("user") and row.get("imported"):
-        module, _, attribute = row["target"].partition(":")
-        yield PROBLEM, f"{name}: {module} has no attribute {attribute} (misspelt in {_switches.TARGETS}?)"
-    if row.get("layers", 0) > 1:
-        yield PROBLEM, f"{name}: {row['layers']} shim wrappers stacked on {row['target']}"
-    if row.get("import_error"):
-        yield WARNING, f"{name}: import failed: {row['import_error']}"
-    if report["imported"] and row["would_be_patched"] and row.get("imported") and state != "patched":
-        yield WARNING, f"{name}: expected to be patched, state is {state!r}"
-    if row["in_supported"] is False and row["would_be_patched"]:
-        yield WARNING, f"{name}: {row['in_supported_basis']}: a release this entry was not checked on"
 
 
 def assess(report: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -384,7 +374,12 @@ def _net_line(net: dict[str, Any], installed: bool) -> str:
     return line
 
 
-def _print_findings(report: dict[str, Any]) -> None:
+def print_report(report: dict[str, Any], show_all: bool = False) -> None:
+    """The human form of `collect()`'s report; every target row with `show_all`."""
+    _print_shim(report)
+    _print_targets(report, show_all)
+    _print_routes(report)
+    print(f"flush net: {_net_line(report['net'], report['shim']['installed_here'])}")
     for warning in report["warnings"]:
         print(f"warning: {warning}")
     if report["import_output"]:
@@ -395,12 +390,3 @@ def _print_findings(report: dict[str, Any]) -> None:
         if len(report["import_output"]) > len(shown):
             print("  | ... (all of it: --json, key import_output)")
     print("healthy" if report["healthy"] else "UNHEALTHY: " + "; ".join(report["problems"]))
-
-
-def print_report(report: dict[str, Any], show_all: bool = False) -> None:
-    """The human form of `collect()`'s report; every target row with `show_all`."""
-    _print_shim(report)
-    _print_targets(report, show_all)
-    _print_routes(report)
-    print(f"flush net: {_net_line(report['net'], report['shim']['installed_here'])}")
-    _print_findings(report)

@@ -50,13 +50,6 @@ class SiteError(Exception):
     """A site directory we cannot use; the message is one line for the operator."""
 
 
-# Every user of the interpreter must be able to read the file: site.py skips a .pth it cannot
-# open without a word, so a 0600 file written under `umask 077` (a hardened root shell, a Slurm
-# prolog) would leave every other user's processes without the shim. Set with fchmod, which
-# the umask does not touch.
-PTH_MODE = 0o644
-
-
 def _site_directory(site_dir: str | None) -> str:
     """The directory to write into or remove from. A `site_dir` must exist: a typo would otherwise
     create a folder no interpreter reads (enable) or report nothing to remove (disable) while the
@@ -94,10 +87,18 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
         # a predictable name), which site.py never reads (it does not end in .pth).
         fd, tmp = tempfile.mkstemp(prefix=f".{PTH_NAME}.", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), PTH_MODE)
+            # Every user of the interpreter must be able to read the file: site.py skips a .pth it
+            # cannot open without a word, so a 0600 file written under `umask 077` (a hardened root
+            # shell, a Slurm prolog) would leave every other user's processes without the shim. Set
+            # with fchmod, which the umask does not touch.
+            os.fchmod(f.fileno(), 0o644)
             f.write(PTH_TEXT)
             f.flush()
-            _sync(f.fileno())
+            try:  # on the disk (on the server, for NFS) before the rename puts the file in force
+                os.fsync(f.fileno())
+            except OSError as exc:  # a file system that cannot sync (some FUSE mounts) has written them all the same
+                if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
         os.replace(tmp, path)  # never a half-written line that site.py would run
     except OSError as exc:
         if tmp is not None:
@@ -107,46 +108,30 @@ def enable(site_dir: str | None = None) -> tuple[str, str]:
     return ("enabled" if current is None else "updated"), path
 
 
-def _sync(fd: int) -> None:
-    """The bytes on the disk (on the server, for NFS) before the rename makes the file the one in
-    force. A file system that cannot sync (some FUSE mounts) has written them all the same."""
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-
-
 def disable(site_dir: str | None = None) -> tuple[str, str]:
     """Remove the .pth file; returns (what happened, path). Idempotent. Raises SiteError with a
     one-line reason (a read-only site, a `site_dir` that is not a directory)."""
     path = os.path.join(_site_directory(site_dir), PTH_NAME)
-    if not os.path.lexists(path):  # asked first: on a read-only mount, removing a missing file is EROFS
-        return "already disabled", path
     try:
         os.remove(path)
-    except FileNotFoundError:
-        return "already disabled", path
     except OSError as exc:
+        if not os.path.lexists(path):  # gone, or never there (on a read-only mount that is EROFS, not ENOENT)
+            return "already disabled", path
         raise SiteError(f"cannot remove {path}: {exc.strerror or exc}") from None
     return "disabled", path
-
-
-def site_dirs() -> list[str]:
-    """The directories whose .pth files this interpreter runs at start-up."""
-    dirs = site.getsitepackages()  # in every Python 3.10+ site.py (virtualenv < 20, whose own lacked it, predates 3.10)
-    if site.ENABLE_USER_SITE:
-        dirs.append(site.getusersitepackages())
-    dirs.append(default_site())
-    return list(dict.fromkeys(os.path.abspath(d) for d in dirs))
 
 
 def pth_files() -> list[dict[str, Any]]:
     """Every te_offload_shim.pth this interpreter runs: whether its line is the current one, and
     whether this user can read it (site.py skips a file it cannot open, silently) and who else can.
     `current` is None when the file cannot be read."""
+    # the directories whose .pth files this interpreter runs at start-up (site.getsitepackages is in
+    # every Python 3.10+ site.py: virtualenv < 20, whose own lacked it, predates 3.10)
+    dirs = site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
     found = []
-    for directory in site_dirs():
+    for directory in dict.fromkeys(os.path.abspath(d) for d in [*dirs, default_site()]):
         path = os.path.join(directory, PTH_NAME)
         if not os.path.isfile(path):
             continue

@@ -32,7 +32,6 @@ from te_offload_shim._log import warn_once
 ENV_SWAPPING = ("pip", "conda", "uv", "container", "image_uri", "py_executable")
 RAY_HOOK = "te_offload_shim.ray_setup"
 HOOK_ENV_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
-_JOB_CONFIG_ENV_VAR = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set for the entrypoint of a `ray job submit`
 # the name Ray shows for our hook (runtime_env["worker_process_setup_hook"] once uploaded)
 HOOK_NAME = "te_offload_shim_ray_setup"
 
@@ -69,19 +68,18 @@ def is_ours(hook: object) -> bool:
     return getattr(hook, "__code__", None) is worker_hook().__code__
 
 
-def _existing_hook(runtime_env: Any) -> object:
-    if not isinstance(runtime_env, dict):
-        return None
+def _existing_hook(runtime_env: dict[str, Any]) -> object:
+    """The hook a runtime_env names: its own field, or Ray's variable in its env_vars."""
     hook = runtime_env.get("worker_process_setup_hook")
-    if hook is None:
-        env_vars = runtime_env.get("env_vars") or {}
-        hook = env_vars.get(HOOK_ENV_VAR) if isinstance(env_vars, dict) else None
+    env_vars = runtime_env.get("env_vars")
+    if hook is None and isinstance(env_vars, dict):
+        hook = env_vars.get(HOOK_ENV_VAR)
     return hook
 
 
 def _submitted_job_env() -> dict[str, Any] | None:
     """The runtime_env of a `ray job submit`, which Ray merges with ray.init's (a clash is an error)."""
-    raw = os.environ.get(_JOB_CONFIG_ENV_VAR)
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")  # set for the entrypoint of a `ray job submit`
     if not raw:
         return None
     import json
@@ -104,7 +102,7 @@ def with_setup_hook(kwargs: dict[str, Any]) -> dict[str, Any]:
         runtime_env = dict(base) if isinstance(base, dict) else {}
     elif not isinstance(runtime_env, dict):
         return kwargs
-    hook = next((h for h in map(_existing_hook, (runtime_env, submitted)) if h is not None), None)
+    hook = next((h for h in map(_existing_hook, (runtime_env, submitted or {})) if h is not None), None)
     if hook is not None and not is_ours(hook):
         warn_once(
             "ray-hook-taken",

@@ -47,10 +47,6 @@ def version(distribution: str) -> str | None:
         return None
 
 
-def te_version() -> str | None:
-    return next(filter(None, map(version, TE_NAMES)), None)
-
-
 def module_file(name: str) -> str | None:
     """The file the import system would load for `name` (a package's `__init__.py`), found without
     importing it or its parents; None when there is none."""
@@ -78,32 +74,23 @@ def _holds(dist: metadata.PathDistribution, root: str, path: str) -> bool:
     real = os.path.realpath(path)
     try:
         if real.startswith(root + os.sep):
-            record = _record(dist)
-            if record is None:  # an .egg-info: its list of files, in RECORD's shape
-                record = "".join(f"\n{file}," for file in dist.files or ())
-            if "\n" + os.path.relpath(real, root).replace(os.sep, "/") + "," in record:
+            # RECORD read as text, not parsed (torch's lists some 20,000 files); an .egg-info: its
+            # list of files, in RECORD's shape
+            record = dist.read_text("RECORD") or "".join(f"{file},\n" for file in dist.files or ())
+            if "\n" + os.path.relpath(real, root).replace(os.sep, "/") + "," in "\n" + record:
                 return True
         direct = json.loads(dist.read_text("direct_url.json") or "{}")
-        if direct.get("dir_info", {}).get("editable") and direct.get("url", "").startswith("file:"):
-            return real.startswith(os.path.realpath(unquote(urlparse(direct["url"]).path)) + os.sep)
+        editable = direct.get("dir_info", {}).get("editable") and direct.get("url", "").startswith("file:")
+        return bool(editable) and real.startswith(os.path.realpath(unquote(urlparse(direct["url"]).path)) + os.sep)
     except Exception:  # an unreadable RECORD or direct_url.json: this one does not say it holds the file
         return False
-    return False
-
-
-def _record(dist: metadata.PathDistribution) -> str | None:
-    """The RECORD's text with a newline in front, so that every line starts after one; read as text,
-    not parsed (torch's lists some 20,000 files)."""
-    text = dist.read_text("RECORD")
-    return None if text is None else "\n" + text
 
 
 def _installs_under(dist: metadata.PathDistribution, top: str) -> bool:
-    top_level = dist.read_text("top_level.txt")
-    if top_level is not None and top in top_level.split():
-        return True
-    record = _record(dist)
-    return record is not None and ("\n" + top + "/") in record
+    """Whether its top_level.txt names `top`, or its RECORD lists a file under `top/` (a newline in
+    front of the RECORD's text, so that every line starts after one)."""
+    top_level = dist.read_text("top_level.txt") or ""
+    return top in top_level.split() or f"\n{top}/" in "\n" + (dist.read_text("RECORD") or "")
 
 
 def holder(module: str, distribution: str | None) -> dict[str, Any]:
@@ -202,7 +189,7 @@ def versions() -> tuple[dict[str, str | None], dict[str, list[str]]]:
     from te_offload_shim.integrations.targets import BUILTIN
 
     found: dict[str, str | None] = {"python": platform.python_version(), **{name: version(name) for name in CORE}}
-    found["transformer-engine"] = te_version()  # TE ships under several names
+    found["transformer-engine"] = next(filter(None, map(version, TE_NAMES)), None)  # TE ships under several names
     by_name: dict[str, list[dict[str, Any]]] = {}
     for target in BUILTIN:  # each entry of a framework outside CORE, by the file of its watched module
         if target.distribution and target.distribution not in CORE:

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import DEPS, REPO, child_env
@@ -59,3 +60,35 @@ def test_status_import_shows_what_the_imports_printed_after_the_report(python: P
     assert lines[-1] == "healthy"
     shown = [line.removeprefix("  | ") for line in lines if line.startswith("  | ")]
     assert sorted(line for line in shown if line.startswith("noisy_import")) == sorted(NOISE)
+
+
+@pytest.mark.parametrize("refused", ["scratch file", "descriptor 1"])
+def test_where_descriptor_1_cannot_be_held_what_reaches_it_goes_where_it_was_going(
+    refused: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No scratch file (no memory file, no usable temporary folder), or no descriptor 1 to save: the
+    imports run with descriptor 1 as it is, nothing is held back, and a scratch file made is closed."""
+    import os
+    from unittest import mock
+
+    from te_offload_shim import health
+
+    made: list[Any] = []
+    sink: list[str] = []
+
+    def scratch() -> Any:
+        made.append(real_scratch())
+        return made[-1]
+
+    def refuse(*args: object) -> None:
+        raise OSError("refused")
+
+    real_scratch = health._scratch_file
+    with (
+        mock.patch.object(health, "_scratch_file", refuse if refused == "scratch file" else scratch),
+        mock.patch.object(health.os, "dup", refuse if refused == "descriptor 1" else os.dup),
+        health._descriptor_1_held(sink),
+    ):
+        os.write(1, b"straight to descriptor 1\n")
+    assert sink == [] and "straight to descriptor 1" in capfd.readouterr().out
+    assert [f.closed for f in made] == ([True] if refused == "descriptor 1" else [])
