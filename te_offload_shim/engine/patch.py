@@ -90,12 +90,6 @@ def _apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
         spec = target.where.text or target.where.root
         return "error", f"models spec {spec!r} names no parameter of {target.attribute}{signature}"
     wrapper = ShimWrapper(raw, record.handler, record, ref)
-
-    def put_in_place() -> None:
-        setattr(owner, name, wrapper)
-        if record.aliases:
-            registry.rebind(raw, wrapper)
-
-    if not registry.add(record, wrapper, put_in_place):
+    if not registry.add(record, wrapper):
         return "not installed", ""
     return "patched", ""

@@ -20,7 +20,6 @@ from te_offload_shim._locks import Lock
 from te_offload_shim._reload import kept
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from te_offload_shim.engine.schema import Target
@@ -136,15 +135,18 @@ def install_state() -> tuple[bool, tuple[Target, ...]]:
     return installed, user_targets
 
 
-def add(record: Record, replacement: Any, apply: Callable[[], None]) -> bool:
-    """Record `record`, then run `apply` (which puts `replacement` in place), under the registry
-    lock; False (and nothing done) once the shim is uninstalled, so no patch lands after that."""
+def add(record: Record, replacement: Any) -> bool:
+    """Record `record`, then put `replacement` in place (`owner.name`, and every alias of the
+    original where `record.aliases`: the mirror of `Record.restore`), under the registry lock;
+    False (and nothing done) once the shim is uninstalled, so no patch lands after that."""
     with lock:
         if not active():
             return False
         record.replacement = replacement
         _records.append(record)
-        apply()
+        setattr(record.owner, record.name, replacement)
+        if record.aliases:
+            rebind(record.original, replacement)
         return True
 
 

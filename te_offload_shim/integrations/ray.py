@@ -63,7 +63,7 @@ def _wrap(kind: str, owner: Any, name: str, ref: tuple[str, str], handler: Calla
     record = registry.Record(kind, owner, name, original, **target)
     record.handler = handler(record)
     wrapper = ShimWrapper(original, record.handler, record, ref)
-    return registry.add(record, wrapper, lambda: setattr(owner, name, wrapper))
+    return registry.add(record, wrapper)
 
 
 def patch_copies(actor_class: Any) -> int:
