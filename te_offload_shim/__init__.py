@@ -162,17 +162,17 @@ def _state():  # type: () -> tuple[bool, tuple[Target, ...], list[str], list[str
     return _installed, _user_targets, list(_problems), list(_hook_errors)
 
 
-def _uninstall(restore):  # type: (Callable[[BaseException | None], int]) -> int
+def _uninstall(restore):  # type: (Callable[[], int]) -> int
     # The state half of api.uninstall(), under the install lock: the flag first (engine.registry
     # reads installed() under its own lock, so a patch in flight lands before and is undone, or does
-    # not land), then the finder; `restore(None)` last, under the lock still.
+    # not land), then the finder; `restore()` last, under the lock still.
     global _installed, _watched
     with _lock:
         _installed = False
         _watched = {}
         _fired.clear()
         sys.meta_path = _meta_path_without()
-        return restore(None)
+        return restore()
 
 
 def _switch_names():  # type: () -> list[str]

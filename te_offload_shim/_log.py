@@ -70,11 +70,8 @@ def _handlers() -> list[logging.Handler]:
 
 def _names_shown() -> bool:
     """Whether a handler the records reach prints the logger's name (`%(name)s`, `{name}`)."""
-    for handler in _handlers():
-        fmt = str(getattr(handler.formatter, "_fmt", "") or "")
-        if "%(name)" in fmt or "{name" in fmt:
-            return True
-    return False
+    formats = [str(getattr(handler.formatter, "_fmt", "") or "") for handler in _handlers()]
+    return any("%(name)" in fmt or "{name" in fmt for fmt in formats)
 
 
 def _own_handler_if_none() -> None:

@@ -33,14 +33,10 @@ def uninstall() -> int:
     return _shim._uninstall(_restore)
 
 
-def _restore(unwatch_error: BaseException | None) -> int:
+def _restore() -> int:
     from te_offload_shim._log import warn_once
     from te_offload_shim.engine import net, registry
 
-    if unwatch_error is not None:
-        warn_once(
-            "uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", unwatch_error
-        )
     restored, errors = registry.deactivate()
     net.disarmed()
     for error in errors:

@@ -114,10 +114,10 @@ def namespace(module: object) -> dict[str, Any] | None:
     return _shim._module_namespace(module)
 
 
-def finished(module: object) -> bool:
-    """Whether a module in sys.modules has finished importing (its body has run to the end), read as
-    the import hook reads it, without running any of its code."""
-    return bool(_shim._finished(module))
+def finished(name: str) -> bool:
+    """Whether module `name` is in sys.modules and has finished importing (its body has run to the
+    end), read as the import hook reads it, without running any of its code."""
+    return bool(_shim._finished(sys.modules.get(name)))
 
 
 def active() -> bool:

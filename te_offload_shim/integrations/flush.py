@@ -39,12 +39,6 @@ OFFLOAD_MARKS = ("_offload_cpu_data",)
 def on_te_import(module: ModuleType) -> None:
     """The start-up's callback for TE's base module: arm the net."""
     placement.know(SHARDED_TYPES, SHARDED_MARKS, OFFLOAD_MARKS)
-    net.arm(module, TE_BASE_CLASS, FLUSHES, te_ready=_finished(TE_PACKAGE))
-
-
-def _finished(name: str) -> bool:
-    """Whether `name` has finished importing: only then can layers have been built already (the
-    callback also runs at install() when the shim is imported after TE)."""
-    import sys
-
-    return registry.finished(sys.modules.get(name))
+    # Only where TE's package has finished importing can layers have been built already (the
+    # callback also runs at install() when the shim is imported after TE).
+    net.arm(module, TE_BASE_CLASS, FLUSHES, te_ready=registry.finished(TE_PACKAGE))
