@@ -82,14 +82,13 @@ def _own_handler_if_none() -> None:
         logger.addHandler(_own)
 
 
-def warn_once(key: str, message: str, *args: object) -> bool:
+def warn_once(key: str, message: str, *args: object) -> None:
     """Log `message` as a warning the first time `key` is seen in this process."""
     with _lock:
         if key in _warned:
-            return False
+            return
         _warned.add(key)
     log(logging.WARNING, message, *args)
-    return True
 
 
 def describe_error(exc: BaseException) -> str:

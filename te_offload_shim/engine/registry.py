@@ -65,10 +65,7 @@ class Record:
 
     def in_place(self) -> bool:
         """Whether the owner still holds our replacement (nothing replaced it since)."""
-        try:
-            return vars(self.owner).get(self.name) is self.replacement
-        except TypeError:
-            return False
+        return vars(self.owner).get(self.name) is self.replacement  # a module or a class (`add` set it)
 
     def restore(self) -> bool:
         """Put the original back where our replacement still sits; True if the owner had it."""
@@ -87,12 +84,11 @@ class Record:
         return f"Record({self.kind!r}, {self.name!r}, target={self.target!r}, armed={self.armed})"
 
 
-def rebind(old: object, new: object) -> int:
-    """Point every module global that holds `old` at `new`; returns how many.
+def rebind(old: object, new: object) -> None:
+    """Point every module global that holds `old` at `new`.
 
     Patching: `from X import f` made before the patch holds the original. Unpatching: one made
     after it holds the wrapper, whether or not we ever saw that module."""
-    count = 0
     for module in list(sys.modules.values()):
         d = _shim._module_namespace(module)  # lazy modules are skipped: they hold no aliases yet
         if d is None:
@@ -103,8 +99,6 @@ def rebind(old: object, new: object) -> int:
             continue
         for key in keys:
             d[key] = new
-            count += 1
-    return count
 
 
 def namespace(module: object) -> dict[str, Any] | None:

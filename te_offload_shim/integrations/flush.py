@@ -11,8 +11,8 @@ from te_offload_shim.engine import net, registry
 from te_offload_shim.te import placement
 
 # TE's base class of every layer with weights (transformer_engine/pytorch/module/base.py, 1.x - 2.20):
-# the start-up watches this module, so the net arms right after its body runs, before any layer exists.
-TE_BASE_MODULE = "transformer_engine.pytorch.module.base"
+# the start-up watches its module (transformer_engine.pytorch.module.base), so the net arms right after
+# its body runs, before any layer exists.
 TE_BASE_CLASS = "TransformerEngineBaseModule"
 TE_PACKAGE = "transformer_engine.pytorch"
 # The allocator flush, where torch defines it and where torch.cuda re-exports it (`from .memory import *`).
