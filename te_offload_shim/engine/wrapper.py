@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import wrapt
 
@@ -24,15 +24,12 @@ if TYPE_CHECKING:
     from te_offload_shim.engine.registry import Record
 
 
-class _Ref:
+class _Ref(NamedTuple):
     """Pickles as `import_module(module)` then one `getattr` per qualname part: a pickle stream that
     names only importlib and builtins, never this package."""
 
-    __slots__ = ("module", "parts")
-
-    def __init__(self, module: str, parts: tuple[str, ...]) -> None:
-        self.module = module
-        self.parts = parts
+    module: str
+    parts: tuple[str, ...]
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if not self.parts:
