@@ -2,7 +2,8 @@
 import callback that does it for every target of a freshly imported module.
 
 Imported only once a target module has been imported, so wrapt is never loaded in a process that
-does not need it. Every patch is a `registry.Record`, which is how it is found and undone.
+does not need it. Every patch is a `registry.Record`, which is how it is found and undone
+(`registry.add` puts the wrapper in place, and rebinds the aliases a module's function has).
 """
 
 from __future__ import annotations
