@@ -144,10 +144,8 @@ def install() -> bool:
             return True
         _user_targets = _resolve(_READ_SWITCHES)(_problems, names) if needs_table else ()
         _installed = True  # what engine.registry.active() reads: patches may land from here on
-        watched = dict(WATCH)
-        for target in _user_targets:
-            watched.setdefault(target.module, _PATCH_TARGETS)
-        _watched = watched
+        # the user's target modules too, patched by the table's callback (a module WATCH names keeps its own)
+        _watched = {**dict.fromkeys((target.module for target in _user_targets), _PATCH_TARGETS), **WATCH}
         _to_front()
         _fire()  # the watched modules imported before: at once
     return True
@@ -162,17 +160,17 @@ def _state():  # type: () -> tuple[bool, tuple[Target, ...], list[str], list[str
     return _installed, _user_targets, list(_problems), list(_hook_errors)
 
 
-def _uninstall(restore):  # type: (Callable[[BaseException | None], int]) -> int
+def _uninstall(restore):  # type: (Callable[[], int]) -> int
     # The state half of api.uninstall(), under the install lock: the flag first (engine.registry
     # reads installed() under its own lock, so a patch in flight lands before and is undone, or does
-    # not land), then the finder; `restore(None)` last, under the lock still.
+    # not land), then the finder; `restore()` last, under the lock still.
     global _installed, _watched
     with _lock:
         _installed = False
         _watched = {}
         _fired.clear()
         sys.meta_path = _meta_path_without()
-        return restore(None)
+        return restore()
 
 
 def _switch_names():  # type: () -> list[str]
@@ -318,16 +316,6 @@ class _Chained:
         return getattr(self.__dict__["_loader"], name)
 
     def exec_module(self, module):  # type: (ModuleType) -> None
-        self._unchain(module)
-        depth = _local.__dict__.get("depth", 0)  # chained imports running on this thread, outside in
-        _local.depth = depth + 1
-        try:
-            self._loader.exec_module(module)
-        finally:
-            _local.depth = depth
-        _fire(self._name, module, depth)
-
-    def _unchain(self, module):  # type: (Any) -> None
         # The real loader back before the body runs: nothing that outlives the import sees ours
         # (pkgutil, importlib.resources, a reload). A module type that refuses keeps ours: harmless.
         for owner, name in ((module, "__loader__"), (getattr(module, "__spec__", None), "loader")):
@@ -336,6 +324,13 @@ class _Chained:
                     setattr(owner, name, self._loader)
             except Exception:
                 pass
+        depth = _local.__dict__.get("depth", 0)  # chained imports running on this thread, outside in
+        _local.depth = depth + 1
+        try:
+            self._loader.exec_module(module)
+        finally:
+            _local.depth = depth
+        _fire(self._name, module, depth)
 
 
 def _fire(name=None, module=None, nested=0):  # type: (str | None, Any, int) -> None
@@ -405,7 +400,11 @@ def _on_import(name, module):  # type: (str, ModuleType) -> None
     try:
         _resolve(_watched.get(name, _PATCH_TARGETS))(module)
     except Exception as exc:  # a hook never fails the import...
-        if _from_signal_handler(exc):
+        try:
+            from_signal_handler = _resolve("te_offload_shim._signals:raised_by_signal_handler")(exc)
+        except Exception:  # a broken install: the callback's failure, then
+            from_signal_handler = False
+        if from_signal_handler:
             raise  # ...but the application's signal handler's exception is on its way to it
         why = f"{name}: {type(exc).__name__}"
         try:
@@ -418,13 +417,6 @@ def _on_import(name, module):  # type: (str, ModuleType) -> None
             _resolve("te_offload_shim._log:warn_once")(f"hook:{name}", "te_offload_shim: patching failed (%s)", why)
         except Exception:  # not even logging may fail the import
             pass
-
-
-def _from_signal_handler(exc):  # type: (BaseException) -> bool
-    try:
-        return bool(_resolve("te_offload_shim._signals:raised_by_signal_handler")(exc))
-    except Exception:  # a broken install: the callback's failure, then
-        return False
 
 
 def _to_front():  # type: () -> None

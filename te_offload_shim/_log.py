@@ -70,11 +70,8 @@ def _handlers() -> list[logging.Handler]:
 
 def _names_shown() -> bool:
     """Whether a handler the records reach prints the logger's name (`%(name)s`, `{name}`)."""
-    for handler in _handlers():
-        fmt = str(getattr(handler.formatter, "_fmt", "") or "")
-        if "%(name)" in fmt or "{name" in fmt:
-            return True
-    return False
+    formats = [str(getattr(handler.formatter, "_fmt", "") or "") for handler in _handlers()]
+    return any("%(name)" in fmt or "{name" in fmt for fmt in formats)
 
 
 def _own_handler_if_none() -> None:
@@ -85,14 +82,13 @@ def _own_handler_if_none() -> None:
         logger.addHandler(_own)
 
 
-def warn_once(key: str, message: str, *args: object) -> bool:
+def warn_once(key: str, message: str, *args: object) -> None:
     """Log `message` as a warning the first time `key` is seen in this process."""
     with _lock:
         if key in _warned:
-            return False
+            return
         _warned.add(key)
     log(logging.WARNING, message, *args)
-    return True
 
 
 def describe_error(exc: BaseException) -> str:

@@ -31,9 +31,7 @@ def raised_by_signal_handler(exc: BaseException) -> bool:
             handler = signals.getsignal(signum)
             handler = getattr(handler, "func", handler)  # functools.partial
             handler = getattr(handler, "__func__", handler)  # a bound method
-            code = getattr(handler, "__code__", None)
-            if code is not None:
-                codes.add(code)
+            codes.add(getattr(handler, "__code__", None))  # None (SIG_DFL, a builtin) matches no frame
         tb: TracebackType | None = exc.__traceback__
         while tb is not None:
             if tb.tb_frame.f_code in codes:

@@ -33,14 +33,10 @@ def uninstall() -> int:
     return _shim._uninstall(_restore)
 
 
-def _restore(unwatch_error: BaseException | None) -> int:
+def _restore() -> int:
     from te_offload_shim._log import warn_once
     from te_offload_shim.engine import net, registry
 
-    if unwatch_error is not None:
-        warn_once(
-            "uninstall:watch", "te_offload_shim: uninstall could not remove the import watcher: %r", unwatch_error
-        )
     restored, errors = registry.deactivate()
     net.disarmed()
     for error in errors:
@@ -69,9 +65,10 @@ def status() -> Status:
 def stats() -> Stats:
     """Totals so far in this process: calls, entries, bytes (and per target); `audit`: the latest
     residue report of `TE_OFFLOAD_SHIM_AUDIT` (None until one ran)."""
-    from te_offload_shim.engine.status import stats as stats_
+    from te_offload_shim.engine import stats as counters
+    from te_offload_shim.engine import stats_file  # `stats()` as a whole is made there, with the file
 
-    return stats_()
+    return stats_file.snapshot(counters.counts)
 
 
 def clear_fp8_workspaces(models: object, *, strict: bool | None = None) -> CacheReport:

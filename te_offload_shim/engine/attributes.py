@@ -77,10 +77,7 @@ def owner_of(module: ModuleType, attribute: str) -> tuple[Any, str] | None:
     cls = next((c for c in candidates if isinstance(c, type)), None)
     if cls is None:
         return None
-    for klass in cls.__mro__:
-        if method in vars(klass):
-            return klass, method
-    return None
+    return next(((klass, method) for klass in cls.__mro__ if method in vars(klass)), None)
 
 
 def binding_of(owner: Any, raw: Any) -> str:

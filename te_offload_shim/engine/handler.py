@@ -156,8 +156,7 @@ class Handler:
             args = (instance, *args)
         ignored = attributes.ignored_keywords  # keywords a framework adds (Ray's tracing): no model argument
         if ignored and not ignored.isdisjoint(kwargs):
-            own = self.signature.parameters
-            kwargs = {k: v for k, v in kwargs.items() if k not in ignored or k in own}
+            kwargs = {k: v for k, v in kwargs.items() if k not in ignored or k in self.signature.parameters}
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError:

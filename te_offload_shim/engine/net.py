@@ -80,7 +80,7 @@ def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...],
                     "shim at start-up, before the heap is frozen (every route of docs/cluster.md does)",
                     frozen,
                 )
-            if not wrapped and not _flush_records():
+            if not wrapped and not registry.records(FLUSH_KIND):
                 return _set("error", "no flush function to wrap: " + ", ".join(f"{m}.{a}" for m, a in flushes))
             return _set("armed", "wraps " + ", ".join(f"{m}.{a}" for m, a in flushes))
     except Exception as exc:  # the import of TE goes on; status says why the net is not there
@@ -91,10 +91,6 @@ def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...],
 def _set(state: str, detail: str) -> str:
     _arming["state"], _arming["detail"] = state, detail
     return state
-
-
-def _flush_records() -> list[registry.Record]:
-    return registry.records(FLUSH_KIND)
 
 
 def _hook_layers(base: type) -> bool:
@@ -123,9 +119,7 @@ def _hook_layers(base: type) -> bool:
         if restored.armed:
             layers.note(self)
 
-    return registry.add(record, __init__, lambda: setattr(base, "__init__", __init__)) and registry.add(
-        restored, __setstate__, lambda: setattr(base, "__setstate__", __setstate__)
-    )
+    return registry.add(record, __init__) and registry.add(restored, __setstate__)
 
 
 def _wrap_flush(module_name: str, attribute: str) -> bool:
@@ -134,17 +128,10 @@ def _wrap_flush(module_name: str, attribute: str) -> bool:
     owner = sys.modules.get(module_name)
     d = registry.namespace(owner) if owner is not None else None
     raw = d.get(attribute) if d is not None else None
-    if raw is None or not callable(raw) or any(r.replacement is raw for r in _flush_records()):
+    if raw is None or not callable(raw) or any(r.replacement is raw for r in registry.records(FLUSH_KIND)):
         return False
-    label = f"{module_name}.{attribute}"
     record = registry.Record(FLUSH_KIND, owner, attribute, raw, aliases=True)
-    flush = _flush_wrapper(raw, record, label)
-
-    def put_in_place() -> None:
-        setattr(owner, attribute, flush)
-        registry.rebind(raw, flush)
-
-    return registry.add(record, flush, put_in_place)
+    return registry.add(record, _flush_wrapper(raw, record, f"{module_name}.{attribute}"))  # and every alias
 
 
 def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label: str) -> Callable[..., Any]:
@@ -153,7 +140,17 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
     except Exception:  # an odd callable: keep torch's name at least
         wraps = functools.wraps(original, assigned=(), updated=())
 
-    before = _untraced(_before_flush)
+    # `_before_flush`, kept out of TorchDynamo's tracing where it is loaded (TE loads it): a flush
+    # called from a `torch.compile`d function then runs the net eagerly at every call (a graph break,
+    # as torch's own flush makes), rather than having it traced once into a graph whose guards know
+    # nothing of layers offloaded since.
+    before = _before_flush
+    disable = getattr(sys.modules.get("torch._dynamo"), "disable", None)
+    if disable is not None:
+        try:
+            before = disable(_before_flush)
+        except Exception:
+            pass
     strict, from_signal = _switches.strict, raised_by_signal_handler
     inside = _inside  # held here: at interpreter shutdown the module's globals may be None already
 
@@ -184,21 +181,6 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
             inside.on = False
 
     return empty_cache
-
-
-def _untraced(function: Callable[[str], None]) -> Callable[[str], None]:
-    """`function`, kept out of TorchDynamo's tracing where it is loaded (TE loads it): a flush
-    called from a `torch.compile`d function then runs the net eagerly at every call (a graph break,
-    as torch's own flush makes), rather than having it traced once into a graph whose guards know
-    nothing of layers offloaded since."""
-    dynamo = sys.modules.get("torch._dynamo")
-    disable = getattr(dynamo, "disable", None)
-    if disable is None:
-        return function
-    try:
-        return disable(function)
-    except Exception:
-        return function
 
 
 def _before_flush(label: str) -> None:
@@ -253,7 +235,8 @@ def _caller() -> str:
     try:
         frame: Any = sys._getframe(1)
         start = frame
-        while frame is not None and not _is_wrapper(frame.f_code):  # up to our wrapper, past a tracing guard
+        # up to our wrapper (`empty_cache` in this file), past a tracing guard
+        while frame is not None and (frame.f_code.co_name, frame.f_code.co_filename) != ("empty_cache", __file__):
             frame = frame.f_back
         frame = start if frame is None else frame
         while frame is not None:
@@ -264,10 +247,6 @@ def _caller() -> str:
     except Exception:
         pass
     return "<unknown>"
-
-
-def _is_wrapper(code: Any) -> bool:
-    return code.co_name == "empty_cache" and code.co_filename == __file__
 
 
 def arming() -> dict[str, Any]:

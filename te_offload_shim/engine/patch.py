@@ -2,7 +2,8 @@
 import callback that does it for every target of a freshly imported module.
 
 Imported only once a target module has been imported, so wrapt is never loaded in a process that
-does not need it. Every patch is a `registry.Record`, which is how it is found and undone.
+does not need it. Every patch is a `registry.Record`, which is how it is found and undone
+(`registry.add` puts the wrapper in place, and rebinds the aliases a module's function has).
 """
 
 from __future__ import annotations
@@ -90,12 +91,6 @@ def _apply(target: Target, module: ModuleType) -> tuple[TargetState, str]:
         spec = target.where.text or target.where.root
         return "error", f"models spec {spec!r} names no parameter of {target.attribute}{signature}"
     wrapper = ShimWrapper(raw, record.handler, record, ref)
-
-    def put_in_place() -> None:
-        setattr(owner, name, wrapper)
-        if record.aliases:
-            registry.rebind(raw, wrapper)
-
-    if not registry.add(record, wrapper, put_in_place):
+    if not registry.add(record, wrapper):
         return "not installed", ""
     return "patched", ""

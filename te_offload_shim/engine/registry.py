@@ -20,7 +20,6 @@ from te_offload_shim._locks import Lock
 from te_offload_shim._reload import kept
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
     from te_offload_shim.engine.schema import Target
@@ -66,10 +65,7 @@ class Record:
 
     def in_place(self) -> bool:
         """Whether the owner still holds our replacement (nothing replaced it since)."""
-        try:
-            return vars(self.owner).get(self.name) is self.replacement
-        except TypeError:
-            return False
+        return vars(self.owner).get(self.name) is self.replacement  # a module or a class (`add` set it)
 
     def restore(self) -> bool:
         """Put the original back where our replacement still sits; True if the owner had it."""
@@ -88,12 +84,11 @@ class Record:
         return f"Record({self.kind!r}, {self.name!r}, target={self.target!r}, armed={self.armed})"
 
 
-def rebind(old: object, new: object) -> int:
-    """Point every module global that holds `old` at `new`; returns how many.
+def rebind(old: object, new: object) -> None:
+    """Point every module global that holds `old` at `new`.
 
     Patching: `from X import f` made before the patch holds the original. Unpatching: one made
     after it holds the wrapper, whether or not we ever saw that module."""
-    count = 0
     for module in list(sys.modules.values()):
         d = _shim._module_namespace(module)  # lazy modules are skipped: they hold no aliases yet
         if d is None:
@@ -104,8 +99,6 @@ def rebind(old: object, new: object) -> int:
             continue
         for key in keys:
             d[key] = new
-            count += 1
-    return count
 
 
 def namespace(module: object) -> dict[str, Any] | None:
@@ -115,10 +108,10 @@ def namespace(module: object) -> dict[str, Any] | None:
     return _shim._module_namespace(module)
 
 
-def finished(module: object) -> bool:
-    """Whether a module in sys.modules has finished importing (its body has run to the end), read as
-    the import hook reads it, without running any of its code."""
-    return bool(_shim._finished(module))
+def finished(name: str) -> bool:
+    """Whether module `name` is in sys.modules and has finished importing (its body has run to the
+    end), read as the import hook reads it, without running any of its code."""
+    return bool(_shim._finished(sys.modules.get(name)))
 
 
 def active() -> bool:
@@ -136,15 +129,18 @@ def install_state() -> tuple[bool, tuple[Target, ...]]:
     return installed, user_targets
 
 
-def add(record: Record, replacement: Any, apply: Callable[[], None]) -> bool:
-    """Record `record`, then run `apply` (which puts `replacement` in place), under the registry
-    lock; False (and nothing done) once the shim is uninstalled, so no patch lands after that."""
+def add(record: Record, replacement: Any) -> bool:
+    """Record `record`, then put `replacement` in place (`owner.name`, and every alias of the
+    original where `record.aliases`: the mirror of `Record.restore`), under the registry lock;
+    False (and nothing done) once the shim is uninstalled, so no patch lands after that."""
     with lock:
         if not active():
             return False
         record.replacement = replacement
         _records.append(record)
-        apply()
+        setattr(record.owner, record.name, replacement)
+        if record.aliases:
+            rebind(record.original, replacement)
         return True
 
 

@@ -56,8 +56,7 @@ def parse_where(text: str) -> Where:
     if not spec:
         return Where("arg0", (), False, "")
     call = spec.endswith("()")
-    body = spec[:-2] if call else spec
-    parts = body.split(".")
+    parts = spec.removesuffix("()").split(".")
     if not all(p.isidentifier() for p in parts):
         raise ValueError(f"bad models spec {text!r}: expected NAME[.attr...][()] such as self.model")
     if call and len(parts) < 2:

@@ -90,13 +90,12 @@ def count_table(name: str, report: CacheReport) -> int | None:
     """Count one wrapped call's clearing; returns the level of its line, None for no line."""
     _counting()
     with _lock:
-        table, off = _c["table"], _c["caching_off"]
+        table = _c["table"]
         table["calls"] += 1
         per = _c["by_target"].setdefault(name, {"calls": 0, "entries": 0, "bytes": 0})
         per["calls"] += 1
         table["primary_weight_bytes"] = report.primary_weight_bytes
-        off.clear()
-        off.update(report.caching_off)
+        _c["caching_off"] = dict(report.caching_off)
         _c["caching_off_by_target"].pop(name, None)
         level = _count("table", "cleared_calls", report)
         if report.entries:

@@ -1,7 +1,7 @@
 """`stats()` as a whole, and the stats file (`TE_OFFLOAD_SHIM_STATS`) that carries it out of the
 process for an operator to sum (`te-offload-shim stats FILES`).
 
-Loaded only when one of them is asked for: by `stats()` (engine/status.py), and by the counters
+Loaded only when one of them is asked for: by `stats()` (api.py), and by the counters
 (engine/stats.py) in a process that names a stats file, after each clearing that cleared something
 and once at exit. A process with no stats file that never calls `stats()` never loads it.
 

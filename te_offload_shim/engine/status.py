@@ -1,4 +1,5 @@
-"""What the shim has done in this process, read-only: `status()` per target, `stats()` totals.
+"""What the shim has done in this process, read-only: `status()` per target (`stats()` totals are
+engine/stats_file.py's).
 
 Reads the registry, the net's arming and the counters (engine/stats.py); patches nothing and
 imports nothing that does (the import callback that patches is `engine.patch.patch_targets_in`).
@@ -20,7 +21,7 @@ from te_offload_shim.engine.states import NetRow, NetTotals, Stats, Status, Targ
 if TYPE_CHECKING:
     from te_offload_shim.engine.schema import Target
 
-__all__ = ["NetRow", "NetTotals", "Stats", "Status", "TargetRow", "TargetState", "TargetTotals", "stats", "status"]
+__all__ = ["NetRow", "NetTotals", "Stats", "Status", "TargetRow", "TargetState", "TargetTotals", "status"]
 
 
 def status(
@@ -161,9 +162,3 @@ def _layers(target: Target, module: Any) -> tuple[int, int]:
         return wrapper.shim_layers(raw), wrapper.armed_layers(raw)
     except Exception:
         return 0, 0
-
-
-def stats() -> Stats:
-    from te_offload_shim.engine import stats_file  # `stats()` as a whole is made there, with the file
-
-    return stats_file.snapshot(counters.counts)

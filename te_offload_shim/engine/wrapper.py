@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import wrapt
 
@@ -24,25 +24,17 @@ if TYPE_CHECKING:
     from te_offload_shim.engine.registry import Record
 
 
-class _Ref:
+class _Ref(NamedTuple):
     """Pickles as `import_module(module)` then one `getattr` per qualname part: a pickle stream that
     names only importlib and builtins, never this package."""
 
-    __slots__ = ("module", "parts")
-
-    def __init__(self, module: str, parts: tuple[str, ...]) -> None:
-        self.module = module
-        self.parts = parts
+    module: str
+    parts: tuple[str, ...]
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         if not self.parts:
             return importlib.import_module, (self.module,)
         return getattr, (_Ref(self.module, self.parts[:-1]), self.parts[-1])
-
-
-def reference(module: str, qualname: str) -> tuple[Any, tuple[Any, ...]]:
-    """A `__reduce__` value that loads `module.qualname` by import."""
-    return _Ref(module, tuple(qualname.split("."))).__reduce__()
 
 
 class _Same:
@@ -77,7 +69,7 @@ class ShimWrapper(_Same, wrapt.FunctionWrapper):  # type: ignore[misc]
     def __init__(self, wrapped: Any, handler: Any, record: Record, ref: tuple[str, str]) -> None:
         super().__init__(wrapped, handler)
         self._self_record = record
-        self._self_ref = ref
+        self._self_ref = _Ref(ref[0], tuple(ref[1].split(".")))  # loads `module.qualname` by import
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         # A plain function read from its class, and a static method read from anywhere, is the
@@ -88,7 +80,7 @@ class ShimWrapper(_Same, wrapt.FunctionWrapper):  # type: ignore[misc]
         return super().__get__(instance, owner)
 
     def __reduce_ex__(self, protocol: object) -> tuple[Any, tuple[Any, ...]]:
-        return reference(*self._self_ref)
+        return self._self_ref.__reduce__()
 
 
 # Ours by the class's name in this module, not by identity: a reloaded module has new classes, and
@@ -101,7 +93,7 @@ def is_ours(obj: object) -> bool:
     return cls.__qualname__ in _OURS and cls.__module__ == __name__
 
 
-def _chain(obj: Any) -> Iterator[object]:
+def _chain(obj: Any) -> Iterator[Any]:
     """`obj` and everything down its `__wrapped__` chain (through a staticmethod/classmethod)."""
     # type(), not isinstance(): a proxy (ours included) claims the class of what it wraps
     if issubclass(type(obj), (staticmethod, classmethod)):
@@ -131,8 +123,4 @@ def shim_layers(obj: object) -> int:
 
 def armed_layers(obj: object) -> int:
     """Like `shim_layers`, counting only wrappers whose record is still armed."""
-    return sum(1 for o in _chain(obj) if type(o).__qualname__ == "ShimWrapper" and is_ours(o) and _armed(o))
-
-
-def _armed(wrapper: Any) -> bool:
-    return wrapper._self_record.armed
+    return sum(1 for o in _chain(obj) if type(o).__qualname__ == "ShimWrapper" and is_ours(o) and o._self_record.armed)

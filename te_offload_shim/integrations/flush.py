@@ -11,8 +11,8 @@ from te_offload_shim.engine import net, registry
 from te_offload_shim.te import placement
 
 # TE's base class of every layer with weights (transformer_engine/pytorch/module/base.py, 1.x - 2.20):
-# the start-up watches this module, so the net arms right after its body runs, before any layer exists.
-TE_BASE_MODULE = "transformer_engine.pytorch.module.base"
+# the start-up watches its module (transformer_engine.pytorch.module.base), so the net arms right after
+# its body runs, before any layer exists.
 TE_BASE_CLASS = "TransformerEngineBaseModule"
 TE_PACKAGE = "transformer_engine.pytorch"
 # The allocator flush, where torch defines it and where torch.cuda re-exports it (`from .memory import *`).
@@ -39,12 +39,6 @@ OFFLOAD_MARKS = ("_offload_cpu_data",)
 def on_te_import(module: ModuleType) -> None:
     """The start-up's callback for TE's base module: arm the net."""
     placement.know(SHARDED_TYPES, SHARDED_MARKS, OFFLOAD_MARKS)
-    net.arm(module, TE_BASE_CLASS, FLUSHES, te_ready=_finished(TE_PACKAGE))
-
-
-def _finished(name: str) -> bool:
-    """Whether `name` has finished importing: only then can layers have been built already (the
-    callback also runs at install() when the shim is imported after TE)."""
-    import sys
-
-    return registry.finished(sys.modules.get(name))
+    # Only where TE's package has finished importing can layers have been built already (the
+    # callback also runs at install() when the shim is imported after TE).
+    net.arm(module, TE_BASE_CLASS, FLUSHES, te_ready=registry.finished(TE_PACKAGE))

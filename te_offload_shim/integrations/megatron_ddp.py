@@ -74,8 +74,7 @@ def _register_all(objects: list[Any], classes: tuple[type, ...]) -> None:
             except Exception:  # one DDP whose buffers cannot be read costs only itself
                 continue
             with _lock:
-                for buffer in buffers:
-                    _owners[buffer] = weakref.ref(obj)
+                _owners.update(dict.fromkeys(buffers, weakref.ref(obj)))
 
 
 def _scan() -> None:

@@ -51,7 +51,6 @@ attributes.find_classes_with(remote_user_class)
 
 # --- actor classes: the by-value method copies -------------------------------------------------
 
-MODULE = "ray._private.function_manager"
 _LOADERS = ("_load_actor_class_from_gcs", "_load_actor_class_from_local")
 
 
@@ -62,8 +61,7 @@ def _wrap(kind: str, owner: Any, name: str, ref: tuple[str, str], handler: Calla
     original = vars(owner)[name]
     record = registry.Record(kind, owner, name, original, **target)
     record.handler = handler(record)
-    wrapper = ShimWrapper(original, record.handler, record, ref)
-    return registry.add(record, wrapper, lambda: setattr(owner, name, wrapper))
+    return registry.add(record, ShimWrapper(original, record.handler, record, ref))
 
 
 def patch_copies(actor_class: Any) -> int:

@@ -23,7 +23,6 @@ def skip_when_false(param: str, why: str) -> Skip:
         value = call.get(param, True)
         return None if value else f"{param}={value!r}: {why}"
 
-    skip.__name__ = f"skip_unless_{param}"
     return skip
 
 

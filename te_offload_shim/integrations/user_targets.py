@@ -107,10 +107,7 @@ def parse_user_targets(text: str) -> tuple[tuple[Target, ...], list[str]]:
         text = unicodedata.normalize("NFKC", text)
     targets: list[Target] = []
     problems: list[str] = []
-    for raw in text.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
+    for entry in [part.strip() for part in text.split(",") if part.strip()]:
         path, _, where = entry.partition("@")
         module, sep, attribute = path.partition(":")
         parts = attribute.split(".")
