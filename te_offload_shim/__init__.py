@@ -144,8 +144,10 @@ def install() -> bool:
             return True
         _user_targets = _resolve(_READ_SWITCHES)(_problems, names) if needs_table else ()
         _installed = True  # what engine.registry.active() reads: patches may land from here on
-        # the user's target modules too, patched by the table's callback (a module WATCH names keeps its own)
-        _watched = {**dict.fromkeys((target.module for target in _user_targets), _PATCH_TARGETS), **WATCH}
+        watched = dict(WATCH)  # first: what is due at once fires in this order (_due)
+        for target in _user_targets:  # the user's modules too, by the table's callback (WATCH's keep their own)
+            watched.setdefault(target.module, _PATCH_TARGETS)
+        _watched = watched
         _to_front()
         _fire()  # the watched modules imported before: at once
     return True
@@ -367,6 +369,9 @@ def _due():  # type: () -> list[tuple[str, Any]]
         module = modules.get(name)
         if _fired.get(name) is not module and _finished(module):
             found.append((name, module))
+    if len(found) > 1:  # a set has no order: WATCH's (Ray's callbacks before a table module's)
+        order = list(_watched)
+        found.sort(key=lambda item: order.index(item[0]))
     return found
 
 
