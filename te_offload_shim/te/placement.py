@@ -36,6 +36,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any, Protocol
 
 DEVICE_TYPE = "cuda"  # the device type whose tensors count as "on the device"
@@ -122,9 +123,6 @@ class Probe(Protocol):
     def __call__(self) -> Any: ...
 
 
-_PLAIN: tuple[type, ...] = ()
-
-
 def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) -> list[Any]:
     """The layers of `entries` (weak references with a probe, te/layers.py) whose weights have all
     left the device (`left_device`).
@@ -192,27 +190,24 @@ _QUANTIZED: dict[str, dict[type, tuple[str, bool] | None]] = {}
 
 
 def _learn(p: Any, is_device: str) -> tuple[str, bool] | None:
-    known = None
     try:
         kind = type(p)
-        if kind.__module__.startswith("transformer_engine.") and isinstance(p, _plain_types()[0]):
-            d = object.__getattribute__(p, "__dict__")
-            field = next((name for name in ("_data", "_rowwise_data") if name in d), None)
-            owner = next((k for k in kind.__mro__ if is_device in vars(k)), object)  # TE's property, or torch's
-            outer = not (isinstance(vars(owner)[is_device], property) and owner.__module__.startswith("transformer_"))
-            known = (field, outer) if field is not None and d[field] is not None else None
+        if not (kind.__module__.startswith("transformer_engine.") and isinstance(p, _plain_types()[0])):
+            return None
+        d = object.__getattribute__(p, "__dict__")
+        field = next((name for name in ("_data", "_rowwise_data") if name in d), None)
+        owner = next((k for k in kind.__mro__ if is_device in vars(k)), object)  # TE's property, or torch's
+        outer = not (isinstance(vars(owner)[is_device], property) and owner.__module__.startswith("transformer_"))
+        return (field, outer) if field is not None and d[field] is not None else None
     except Exception:
-        pass
-    return known
+        return None
 
 
+@cache
 def _plain_types() -> tuple[type, ...]:
     # torch.Tensor and nn.Parameter exactly (a Parameter made of a tensor subclass is that subclass)
-    global _PLAIN
-    if not _PLAIN:
-        torch = sys.modules["torch"]
-        _PLAIN = (torch.Tensor, torch.nn.Parameter)
-    return _PLAIN
+    torch = sys.modules["torch"]
+    return torch.Tensor, torch.nn.Parameter
 
 
 def _sharded(tensor: Any) -> bool:
