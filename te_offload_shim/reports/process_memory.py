@@ -48,8 +48,6 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
       `torch.cuda.MemPool`, freed only by TE's `release_symm_mem_pool()` (2.19+); its bytes are
       the segments its own `snapshot()` lists (None where that cannot be read)."""
     base, gemm, distributed = (sys.modules.get(name) for name in (_TE_BASE, _TE_GEMM, _TE_DISTRIBUTED))
-    if base is None and gemm is None and distributed is None:
-        return {}
     selected = on_device(device_type)
 
     def size(values: Any) -> int:
