@@ -122,13 +122,6 @@ def _allocated(torch: Any) -> int | None:
         return None
 
 
-def _nonempty(workspaces: Any) -> bool:
-    try:
-        return bool(workspaces)
-    except Exception:
-        return True  # let clear_module report what is wrong with it
-
-
 def _count(workspaces: Any) -> int:
     try:
         return len(workspaces)
@@ -250,7 +243,11 @@ class _Call:
         keep, keep_held = live.append, held.append
         for module, d in zip(modern, dicts, strict=True):
             workspaces = d[WORKSPACES]
-            if workspaces if type(workspaces) is dict else _nonempty(workspaces):  # a dict's truth never raises
+            try:
+                held_any = bool(workspaces)
+            except Exception:  # not TE's plain dict: let clear_module report what is wrong with it
+                held_any = True
+            if held_any:
                 keep(module)
                 keep_held(workspaces)
             else:

@@ -97,10 +97,8 @@ def left_device(layer: Any, is_device: str | None = None) -> bool:
 def _decide(layer: Any, is_device: str) -> tuple[bool, str | None]:
     """(`left_device(layer)`, the name of an own parameter found on the device, or None)."""
     try:
-        params = object.__getattribute__(layer, "__dict__").get("_parameters")
-        if not params:
-            return False, None
-        found = False
+        params = object.__getattribute__(layer, "__dict__").get("_parameters") or {}
+        found = False  # no parameters: nothing says it was offloaded
         for name, p in list(params.items()):
             if p is None:
                 continue
@@ -152,11 +150,9 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
             continue
         try:
             params = own(layer, "__dict__")["_parameters"]
-            name = entry.probe
+            name = entry.probe or next(iter(params), None)  # a parameter's name is never empty
             if name is None:
-                name = next(iter(params), None)
-                if name is None:
-                    continue  # no weights: nothing says it was offloaded
+                continue  # no weights: nothing says it was offloaded
             p: Any = params.get(name)
             kind = type(p)
             if kind is parameter:

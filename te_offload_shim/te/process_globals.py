@@ -68,8 +68,7 @@ def private_pools(torch: Any) -> dict[str, int]:
         segments = cuda.memory_snapshot()
     found: dict[str, int] = {}
     for segment in segments:
-        pool = tuple(segment.get("segment_pool_id") or (0, 0))
-        if pool != (0, 0):
+        if tuple(segment.get("segment_pool_id") or (0, 0)) != (0, 0):  # not the default pool
             device = f"cuda:{segment['device']}"
             found[device] = found.get(device, 0) + int(segment["total_size"])
     return found
