@@ -29,12 +29,13 @@ from typing import Any
 
 from te_offload_shim._log import human_bytes
 from te_offload_shim._signals import raised_by_signal_handler
-from te_offload_shim.reports.process_memory import on_device, private_pools, te_global_memory
+from te_offload_shim.reports.process_memory import on_device, te_global_memory
 from te_offload_shim.te import sizes
 from te_offload_shim.te.caching_off import count_caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
 from te_offload_shim.te.layouts import LEGACY_ATTRS, LEGACY_MARKER, WORKSPACES
 from te_offload_shim.te.names import Names
+from te_offload_shim.te.process_globals import private_pools
 from te_offload_shim.te.walk import walk
 
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
