@@ -1,5 +1,5 @@
 """What a process holds on its devices outside any model: Transformer Engine's process-global
-allocations, and (te/process_globals.py) the CUDA-graph private pools. Read only: never initialises CUDA,
+allocations (the CUDA-graph private pools are te/process_globals.py's). Read only: never initialises CUDA,
 never creates a context on a device, never calls or clears anything of TE's. Torch is taken from
 the caller, never imported. The allocator's and the driver's own numbers (allocated, reserved,
 `mem_get_info`) are torch's to print: docs/residue.md says which call gives which.

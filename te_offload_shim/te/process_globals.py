@@ -18,7 +18,7 @@ on purpose (module/linear.py `_prealloc_cublas_workspace`); TE 2.1 - 2.9 size th
 userbuffers in `initialize_ub`, which a lazily re-created one would not be. Reported, not freed.
 
 `private_pools` (what the process holds in CUDA-graph private pools and MemPools) lives here, with its
-two users: this module and the residue report (reports/process_memory.py); the handler imports this
+two users: this module and the residue report (reports/residue.py); the handler imports this
 module only where `TE_OFFLOAD_SHIM_TE_GLOBALS` is on, so a plain training run loads neither.
 """
 
