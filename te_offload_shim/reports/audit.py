@@ -61,8 +61,28 @@ class Pending:
 
     def finish(self) -> None:
         """Report and log what the offload left. Never raises."""
+        global _audits, _latest
         try:
-            _finish(self)
+            from te_offload_shim.reports import residue
+
+            report = residue.residue(self.models, device_type=self.device_type)
+            seconds = time.perf_counter() - self.started
+            with _lock:
+                _audits += 1
+                first = _audits == 1
+                _latest = {
+                    "target": self.target.path,
+                    "audits": _audits,
+                    "offload_s": seconds,
+                    "time": time.time(),
+                    **report.as_dict(),
+                }
+            log(
+                first_line_level() if first else logging.DEBUG,  # the first clearing's rule: seen once per job
+                "te_offload_shim: audit after %s: %s",
+                self.target.path,
+                report.summary(),
+            )
         except Exception as exc:
             fail("finish", exc)
         finally:
@@ -75,38 +95,13 @@ def begin(target: Target, models: Any, locate: Callable[[], Any] | None = None) 
     try:
         if models is None and locate is not None:
             models = locate()
-    except Exception as exc:
+    except Exception as exc:  # `models` is still None
         fail("locate", exc)
-        models = None
     try:
         return Pending(target, models, _switches.audit_device_type())
     except Exception as exc:
         fail("begin", exc)
         return None
-
-
-def _finish(pending: Pending) -> None:
-    global _audits, _latest
-    from te_offload_shim.reports import residue
-
-    report = residue.residue(pending.models, device_type=pending.device_type)
-    seconds = time.perf_counter() - pending.started
-    with _lock:
-        _audits += 1
-        first = _audits == 1
-        _latest = {
-            "target": pending.target.path,
-            "audits": _audits,
-            "offload_s": seconds,
-            "time": time.time(),
-            **report.as_dict(),
-        }
-    log(
-        first_line_level() if first else logging.DEBUG,  # the first clearing's rule: seen once per job
-        "te_offload_shim: audit after %s: %s",
-        pending.target.path,
-        report.summary(),
-    )
 
 
 def fail(step: str, exc: Exception) -> None:

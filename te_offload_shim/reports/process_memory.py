@@ -1,5 +1,5 @@
 """What a process holds on its devices outside any model: Transformer Engine's process-global
-allocations, and (te/process_globals.py) the CUDA-graph private pools. Read only: never initialises CUDA,
+allocations (the CUDA-graph private pools are te/process_globals.py's). Read only: never initialises CUDA,
 never creates a context on a device, never calls or clears anything of TE's. Torch is taken from
 the caller, never imported. The allocator's and the driver's own numbers (allocated, reserved,
 `mem_get_info`) are torch's to print: docs/residue.md says which call gives which.
@@ -12,11 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from te_offload_shim.te import sizes
-from te_offload_shim.te.process_globals import private_pools
+from te_offload_shim.te.process_globals import TE_BASE
 
-__all__ = ["on_device", "private_pools", "te_global_memory"]
-
-_TE_BASE = "transformer_engine.pytorch.module.base"
 _TE_GEMM = "transformer_engine.pytorch.cpp_extensions.gemm"
 _TE_DISTRIBUTED = "transformer_engine.pytorch.distributed"
 
@@ -47,9 +44,7 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
     * `symm_mem_pool` (`_SYMM_MEM_POOL`, distributed.py 2.18+): the process-wide symmetric-memory
       `torch.cuda.MemPool`, freed only by TE's `release_symm_mem_pool()` (2.19+); its bytes are
       the segments its own `snapshot()` lists (None where that cannot be read)."""
-    base, gemm, distributed = (sys.modules.get(name) for name in (_TE_BASE, _TE_GEMM, _TE_DISTRIBUTED))
-    if base is None and gemm is None and distributed is None:
-        return {}
+    base, gemm, distributed = (sys.modules.get(name) for name in (TE_BASE, _TE_GEMM, _TE_DISTRIBUTED))
     selected = on_device(device_type)
 
     def size(values: Any) -> int:
@@ -73,17 +68,12 @@ def te_global_memory(torch: Any, device_type: str | None = None) -> dict[str, in
     if isinstance(symmetric, dict):
         found["symmetric_mem_cache"] = size(symmetric.values())
     pool = d.get("_SYMM_MEM_POOL")
-    if pool is not None:
-        found["symm_mem_pool"] = _pool_bytes(pool)
+    if pool is not None:  # its segments, from its own `snapshot()` (read only); None where it cannot be read
+        try:
+            found["symm_mem_pool"] = sum(int(segment["total_size"]) for segment in pool.snapshot())
+        except Exception:
+            found["symm_mem_pool"] = None
     return found
-
-
-def _pool_bytes(pool: Any) -> int | None:
-    """The bytes of a `torch.cuda.MemPool`'s segments, from its own `snapshot()` (read only)."""
-    try:
-        return sum(int(segment["total_size"]) for segment in pool.snapshot())
-    except Exception:
-        return None
 
 
 def _lru_cache_values(function: Any) -> list[Any] | None:

@@ -29,12 +29,13 @@ from typing import Any
 
 from te_offload_shim._log import human_bytes
 from te_offload_shim._signals import raised_by_signal_handler
-from te_offload_shim.reports.process_memory import on_device, private_pools, te_global_memory
+from te_offload_shim.reports.process_memory import on_device, te_global_memory
 from te_offload_shim.te import sizes
-from te_offload_shim.te.caching_off import caching_off, describe
+from te_offload_shim.te.caching_off import count_caching_off, describe
 from te_offload_shim.te.chunks import as_chunks
 from te_offload_shim.te.layouts import LEGACY_ATTRS, LEGACY_MARKER, WORKSPACES
 from te_offload_shim.te.names import Names
+from te_offload_shim.te.process_globals import private_pools
 from te_offload_shim.te.walk import walk
 
 CATEGORIES = ("ddp_buffers", "parameters", "fp8_param_caches", "gradients", "buffers", "fp8_workspaces", "other")
@@ -122,17 +123,14 @@ class ResidueReport:
             parts[-1] += f" ({_sizes(dict(islice(self.other.items(), 3)))})"
         where = self.device_type or "device"
         line = f"left on {where}: {human_bytes(self.total_bytes)}" + (f" ({', '.join(parts)})" if parts else "")
-        if self.named:
-            line += f"; of which {_sizes(self.named)}"
-        if self.caching_off:
-            line += f"; FP8 weight caching off by configuration in {describe(self.caching_off)}"
-        if self.te_global:
-            line += f"; TE process-global: {_sizes(self.te_global)}"
-        if self.private_pools:
-            line += f"; private pools (CUDA graphs, MemPools): {_sizes(self.private_pools)}"
-        if self.errors:
-            line += f"; {len(self.errors)} error(s): {self.errors[0]}"
-        return line
+        notes = (  # each where it has something to say
+            self.named and f"of which {_sizes(self.named)}",
+            self.caching_off and f"FP8 weight caching off by configuration in {describe(self.caching_off)}",
+            self.te_global and f"TE process-global: {_sizes(self.te_global)}",
+            self.private_pools and f"private pools (CUDA graphs, MemPools): {_sizes(self.private_pools)}",
+            self.errors and f"{len(self.errors)} error(s): {self.errors[0]}",
+        )
+        return "; ".join([line, *(note for note in notes if note)])
 
 
 def _sizes(found: dict[str, int] | dict[str, int | None]) -> str:
@@ -269,9 +267,7 @@ class _Walk:
         elif workspaces:  # not TE's plain dict: whatever tensors it holds
             self.add("fp8_workspaces", node, WORKSPACES, workspaces)
         if WORKSPACES in d and not workspaces:  # a TE layer holding nothing: is its caching off?
-            reason = caching_off(d)
-            if reason is not None:
-                report.caching_off[reason] = report.caching_off.get(reason, 0) + 1
+            count_caching_off(d, report.caching_off)
         if LEGACY_MARKER in d:  # TE < 1.8: never cleared (see te/layouts.py)
             for name in LEGACY_ATTRS:
                 self.add("fp8_workspaces", node, name, d.get(name))
@@ -344,9 +340,7 @@ class _Walk:
         (`sizes.INNER_ATTRS`) and nested storages: its class's attributes are never read."""
         tensor = self.torch.Tensor
         for name in sizes.INNER_ATTRS:
-            item = fields.get(name)
-            if item is None:
-                continue
+            item = fields.get(name)  # a None is a scalar: passed over below
             if issubclass(type(item), tensor):
                 self.add(category, node, label, item, key)
             elif depth < sizes.MAX_DEPTH and type(item) not in _SCALARS:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from te_offload_shim._log import describe_error, fail_open, warn_once
 from te_offload_shim._switches import FORCE_CUDA_GRAPHS
 from te_offload_shim.te import sizes
-from te_offload_shim.te.caching_off import caching_off
+from te_offload_shim.te.caching_off import count_caching_off
 from te_offload_shim.te.chunks import as_chunks
 from te_offload_shim.te.graphs import TE_ONLY, GraphMarks, cuda_graph_reason
 from te_offload_shim.te.layouts import LEGACY_ATTRS, WORKSPACES
@@ -92,10 +92,8 @@ def clear_chunks(
     switching it back on afterwards would undo an application that turned it off for good meanwhile
     (Megatron's manual GC does, on another thread), and no check can tell the two apart. What that
     costs is measured in benchmarks/walk.py ("collector left on")."""
-    torch = sys.modules.get("torch")
+    torch = sys.modules.get("torch")  # None: not imported, so `chunks` is empty (`chunks.as_chunks`)
     report = CacheReport(cleared=clear)
-    if torch is None:
-        return report
     before = _allocated(torch) if clear else None
     call = _Call(torch, clear, graphs, None if params is None else {id(p) for p in params}, report)
     if refused is not None:
@@ -103,7 +101,7 @@ def clear_chunks(
     for index, chunk in enumerate(chunks):
         call.chunk(index, chunk)
     call.account()
-    if clear and before is not None:
+    if before is not None:
         after = _allocated(torch)
         report.released_bytes = before - after if after is not None else None
     if strict and report.errors:
@@ -122,13 +120,6 @@ def _allocated(torch: Any) -> int | None:
         return int(sum(cuda.memory_allocated(i) for i in range(cuda.device_count())))
     except Exception:
         return None
-
-
-def _nonempty(workspaces: Any) -> bool:
-    try:
-        return bool(workspaces)
-    except Exception:
-        return True  # let clear_module report what is wrong with it
 
 
 def _count(workspaces: Any) -> int:
@@ -250,16 +241,17 @@ class _Call:
         live: list[Any] = []
         held: list[Any] = []
         keep, keep_held = live.append, held.append
-        off = self.report.caching_off
         for module, d in zip(modern, dicts, strict=True):
             workspaces = d[WORKSPACES]
-            if workspaces if type(workspaces) is dict else _nonempty(workspaces):  # a dict's truth never raises
+            try:
+                held_any = bool(workspaces)
+            except Exception:  # not TE's plain dict: let clear_module report what is wrong with it
+                held_any = True
+            if held_any:
                 keep(module)
                 keep_held(workspaces)
             else:
-                reason = caching_off(d)
-                if reason is not None:
-                    off[reason] = off.get(reason, 0) + 1
+                count_caching_off(d, self.report.caching_off)
         return live, held
 
     def _graphed(self, index: int, reason: str | Exception | None, workspaces: list[Any]) -> bool:
@@ -291,17 +283,16 @@ class _Call:
         `live[i]`'s). A plain dict, the layout of every TE release that has one, is read and
         cleared inline: neither can raise, and this runs once per TE layer of the model. Anything
         else goes the careful way (`clear_module`). `where` names a module for the records."""
-        values, add, clear = self.values, self.add, self.clear
+        add, clear = self.add, self.clear
         entries = modules = 0
         for module, held in zip(live, workspaces, strict=True):
             if type(held) is not dict:
                 self.clear_module(where, module, held)
                 continue
-            start = len(values)
+            entries += len(held)
             add(module, held.values())
             if clear:
                 held.clear()
-            entries += len(values) - start
             modules += 1
         self.report.entries += entries
         self.report.modules += modules

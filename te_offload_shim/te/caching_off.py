@@ -22,16 +22,17 @@ CACHING_OFF = (
 )
 
 
-def caching_off(d: dict) -> str | None:
-    """Why the TE layer whose instance dict is `d` caches nothing, or None if it may cache (also
-    when `d` cannot be read: a report's remark must not cost the clearing)."""
+def count_caching_off(d: dict, off: dict[str, int]) -> None:
+    """Count the TE layer whose instance dict is `d` in `off` under why it caches nothing, if it
+    caches nothing by configuration; not at all if it may cache (also when `d` cannot be read: a
+    report's remark must not cost the clearing)."""
     try:
         for attribute, reason in CACHING_OFF:
             if d.get(attribute) is True:
-                return reason
+                off[reason] = off.get(reason, 0) + 1
+                return
     except Exception:
         pass
-    return None
 
 
 def describe(off: dict[str, int]) -> str:

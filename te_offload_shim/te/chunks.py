@@ -32,13 +32,8 @@ def as_chunks(models: object) -> tuple[list[Any], str | None]:
     if issubclass(cls, (list, tuple)):  # the base class's own iterator, never an override
         items: Iterator[Any] = (list if issubclass(cls, list) else tuple).__iter__(models)  # type: ignore[arg-type]
         return [m for m in items if isinstance(m, module_type)], None
-    if getattr(cls, "__iter__", None) is not None or getattr(cls, "__getitem__", None) is not None:
-        return [], _not_iterated(models)
-    return [], None
-
-
-def _not_iterated(models: object) -> str:
-    cls = type(models)
+    if getattr(cls, "__iter__", None) is None and getattr(cls, "__getitem__", None) is None:
+        return [], None
     name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     what = f"a one-shot iterator ({name})" if isinstance(models, Iterator) else f"a {name}"
     warn_once(
@@ -47,4 +42,4 @@ def _not_iterated(models: object) -> str:
         "or a tuple, since iterating anything else could change what the offload sees. Pass a list.",
         what,
     )
-    return f"models is {what}, not a module, list or tuple: not iterated, nothing cleared"
+    return [], f"models is {what}, not a module, list or tuple: not iterated, nothing cleared"

@@ -46,10 +46,9 @@ def te_graph_mark(module: Any, d: dict) -> str | None:
         value = d.get(name)
         # TE's marks are plain functions, whose `__module__` is a field: anything else under that
         # name (a lazy proxy would run its factory at the attribute read) is not read further.
-        if type(value) is not FunctionType or value.__module__ != TE_GRAPH_MODULE:
-            continue
-        function = str(value.__qualname__).rsplit(".", 1)[-1]
-        return f"{type(module).__name__}.{name} is TE's {function} from make_graphed_callables"
+        if type(value) is FunctionType and value.__module__ == TE_GRAPH_MODULE:
+            function = str(value.__qualname__).rsplit(".", 1)[-1]
+            return f"{type(module).__name__}.{name} is TE's {function} from make_graphed_callables"
     return None
 
 
@@ -58,8 +57,9 @@ def cuda_graph_reason(chunk: Any, graph_mark: str | None, marks: GraphMarks) -> 
 
     `graph_mark` is what the walk over the chunk found (a module mark); the config named by `marks`
     says whether graphs are on, for the chunk and every wrapper around its model."""
-    obj, depth = chunk, 0
-    while obj is not None and depth < 8:
+    # the chunk, then its model down the wrappers, 8 deep (past the last one `obj` is None: it has no `__dict__`)
+    obj = chunk
+    for _ in range(8):
         d = obj.__dict__ if hasattr(obj, "__dict__") else {}
         config = d.get(marks.config)
         if config is not None:
@@ -68,5 +68,4 @@ def cuda_graph_reason(chunk: Any, graph_mark: str | None, marks: GraphMarks) -> 
                 if value not in off:
                     return f"config.{switch}={value!r}"
         obj = d.get("_modules", {}).get(marks.wrapped)
-        depth += 1
     return graph_mark

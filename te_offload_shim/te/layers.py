@@ -73,12 +73,11 @@ def find_existing(base: type) -> tuple[int, int]:
     permanent generation by `gc.freeze()` (servers freeze their heap after start-up) are not in
     `gc.get_objects()`: they are counted, not searched (unfreezing would undo the application's
     choice, and the collector would then scan them at every collection)."""
-    found = 0
-    for obj in gc.get_objects():
-        if issubclass(type(obj), base):  # the type itself: an object's own `__class__` is never read
-            note(obj)
-            found += 1
-    return found, gc.get_freeze_count()
+    # the type itself: an object's own `__class__` is never read
+    found = [obj for obj in gc.get_objects() if issubclass(type(obj), base)]
+    for layer in found:
+        note(layer)
+    return len(found), gc.get_freeze_count()
 
 
 def forget_all() -> None:

@@ -23,26 +23,22 @@ class Names:
         self._chunk = chunk
         self._links: dict[int, tuple[int, str] | None] | None = None
 
-    def _link_all(self) -> dict[int, tuple[int, str] | None]:
-        links: dict[int, tuple[int, str] | None] = {}
-        stack: list[tuple[Any, tuple[int, str] | None]] = [(self._chunk, None)]
-        while stack:  # pre-order, children in order: a shared module keeps its first name
-            module, link = stack.pop()
-            if id(module) in links:
-                continue
-            links[id(module)] = link
-            stack.extend((child, (id(module), key)) for key, child in reversed(child_modules(module)))
-        return links
-
     def __call__(self, module: Any) -> str:
-        if self._links is None:
-            self._links = self._link_all()
-        if id(module) not in self._links:
+        links = self._links
+        if links is None:  # the first name asked for: link every module to its parent
+            links = self._links = {}
+            stack: list[tuple[Any, tuple[int, str] | None]] = [(self._chunk, None)]
+            while stack:  # pre-order, children in order: a shared module keeps its first name
+                node, up = stack.pop()
+                if id(node) not in links:
+                    links[id(node)] = up
+                    stack.extend((child, (id(node), key)) for key, child in reversed(child_modules(node)))
+        if id(module) not in links:
             return f"{self.prefix}.<{type(module).__name__}>"
         keys = []
-        link = self._links[id(module)]
+        link = links[id(module)]
         while link is not None:
             parent, key = link
             keys.append(key)
-            link = self._links[parent]
+            link = links[parent]
         return ".".join([self.prefix, *reversed(keys)])

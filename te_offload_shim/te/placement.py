@@ -36,6 +36,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import Any, Protocol
 
 DEVICE_TYPE = "cuda"  # the device type whose tensors count as "on the device"
@@ -96,10 +97,8 @@ def left_device(layer: Any, is_device: str | None = None) -> bool:
 def _decide(layer: Any, is_device: str) -> tuple[bool, str | None]:
     """(`left_device(layer)`, the name of an own parameter found on the device, or None)."""
     try:
-        params = object.__getattribute__(layer, "__dict__").get("_parameters")
-        if not params:
-            return False, None
-        found = False
+        params = object.__getattribute__(layer, "__dict__").get("_parameters") or {}
+        found = False  # no parameters: nothing says it was offloaded
         for name, p in list(params.items()):
             if p is None:
                 continue
@@ -120,9 +119,6 @@ class Probe(Protocol):
     probe: str | None
 
     def __call__(self) -> Any: ...
-
-
-_PLAIN: tuple[type, ...] = ()
 
 
 def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) -> list[Any]:
@@ -154,11 +150,9 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
             continue
         try:
             params = own(layer, "__dict__")["_parameters"]
-            name = entry.probe
+            name = entry.probe or next(iter(params), None)  # a parameter's name is never empty
             if name is None:
-                name = next(iter(params), None)
-                if name is None:
-                    continue  # no weights: nothing says it was offloaded
+                continue  # no weights: nothing says it was offloaded
             p: Any = params.get(name)
             kind = type(p)
             if kind is parameter:
@@ -192,27 +186,24 @@ _QUANTIZED: dict[str, dict[type, tuple[str, bool] | None]] = {}
 
 
 def _learn(p: Any, is_device: str) -> tuple[str, bool] | None:
-    known = None
     try:
         kind = type(p)
-        if kind.__module__.startswith("transformer_engine.") and isinstance(p, _plain_types()[0]):
-            d = object.__getattribute__(p, "__dict__")
-            field = next((name for name in ("_data", "_rowwise_data") if name in d), None)
-            owner = next((k for k in kind.__mro__ if is_device in vars(k)), object)  # TE's property, or torch's
-            outer = not (isinstance(vars(owner)[is_device], property) and owner.__module__.startswith("transformer_"))
-            known = (field, outer) if field is not None and d[field] is not None else None
+        if not (kind.__module__.startswith("transformer_engine.") and isinstance(p, _plain_types()[0])):
+            return None
+        d = object.__getattribute__(p, "__dict__")
+        field = next((name for name in ("_data", "_rowwise_data") if name in d), None)
+        owner = next((k for k in kind.__mro__ if is_device in vars(k)), object)  # TE's property, or torch's
+        outer = not (isinstance(vars(owner)[is_device], property) and owner.__module__.startswith("transformer_"))
+        return (field, outer) if field is not None and d[field] is not None else None
     except Exception:
-        pass
-    return known
+        return None
 
 
+@cache
 def _plain_types() -> tuple[type, ...]:
     # torch.Tensor and nn.Parameter exactly (a Parameter made of a tensor subclass is that subclass)
-    global _PLAIN
-    if not _PLAIN:
-        torch = sys.modules["torch"]
-        _PLAIN = (torch.Tensor, torch.nn.Parameter)
-    return _PLAIN
+    torch = sys.modules["torch"]
+    return torch.Tensor, torch.nn.Parameter
 
 
 def _sharded(tensor: Any) -> bool:

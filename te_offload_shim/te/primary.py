@@ -57,7 +57,6 @@ def primary_weight_copies(
     """Count the transpose / columnwise copies that FP8 primary weights of these TE layers carry;
     when clearing (the caller decides: never under CUDA graphs), drop Float8Tensor transposes
     through TE's own API where TE rebuilds them (TRANSPOSE_REBUILT_FROM)."""
-    plain = (torch.Tensor, torch.nn.Parameter)
     usual = {torch.Tensor, torch.nn.Parameter, type(None)}
     may_drop = clear and _te_release() >= TRANSPOSE_REBUILT_FROM
     for module, d in modules:
@@ -65,7 +64,7 @@ def primary_weight_copies(
         if not params or usual.issuperset(map(type, params.values())):  # the common case, in C
             continue
         for name, param in params.items():
-            if param is None or type(param) in plain:
+            if type(param) in usual:  # a plain one, or None
                 continue
             try:
                 copies = [getattr(param, f, None) for f in PRIMARY_WEIGHT_COPIES]

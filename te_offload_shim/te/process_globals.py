@@ -18,7 +18,7 @@ on purpose (module/linear.py `_prealloc_cublas_workspace`); TE 2.1 - 2.9 size th
 userbuffers in `initialize_ub`, which a lazily re-created one would not be. Reported, not freed.
 
 `private_pools` (what the process holds in CUDA-graph private pools and MemPools) lives here, with its
-two users: this module and the residue report (reports/process_memory.py); the handler imports this
+two users: this module and the residue report (reports/residue.py); the handler imports this
 module only where `TE_OFFLOAD_SHIM_TE_GLOBALS` is on, so a plain training run loads neither.
 """
 
@@ -68,8 +68,7 @@ def private_pools(torch: Any) -> dict[str, int]:
         segments = cuda.memory_snapshot()
     found: dict[str, int] = {}
     for segment in segments:
-        pool = tuple(segment.get("segment_pool_id") or (0, 0))
-        if pool != (0, 0):
+        if tuple(segment.get("segment_pool_id") or (0, 0)) != (0, 0):  # not the default pool
             device = f"cuda:{segment['device']}"
             found[device] = found.get(device, 0) + int(segment["total_size"])
     return found

@@ -65,11 +65,6 @@ def _known_attrs(value: Any, torch: Any) -> tuple[str, ...]:
     return tuple(n for n in names if isinstance(n, str) and not callable(getattr(value, n, len)))
 
 
-def _getter(names: tuple[str, ...]) -> Any:
-    get = attrgetter(*names)
-    return get if len(names) > 1 else (lambda value: (get(value),))
-
-
 def _plan(value: Any, torch: Any) -> tuple[int, Any, bool]:
     """How to open objects of `value`'s class: the known attribute names it carries, checked once
     against TE's own enumeration (`get_metadata()`, 2.0+); that enumeration itself when it names a
@@ -91,7 +86,9 @@ def _plan(value: Any, torch: Any) -> tuple[int, Any, bool]:
     if not names:
         return _NOTHING, None, False
     plain = (torch.Tensor, torch.nn.Parameter, type(None))
-    return _ATTRS, _getter(names), all(type(getattr(value, n)) in plain for n in names)
+    get = attrgetter(*names)  # a tuple always: one name gives the value alone
+    getter = get if len(names) > 1 else (lambda value: (get(value),))
+    return _ATTRS, getter, all(type(getattr(value, n)) in plain for n in names)
 
 
 def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> None:
@@ -116,16 +113,12 @@ def inner_tensors(value: Any, torch: Any, out: list[Any], depth: int = 0) -> Non
         if flat:
             out.extend(items)  # checked in `_add`: a field that later holds a storage is opened there
             return
-        plain = (torch.Tensor, torch.nn.Parameter)
-        for item in items:
-            if type(item) in plain:
-                out.append(item)
-            elif item is not None and item is not value:
+        for item in items:  # a plain tensor is appended at any depth, a None passed over
+            if item is not value:
                 inner_tensors(item, torch, out, depth + 1)
     elif how == _META:
         for item in value.get_metadata().values():
-            if item is not None:
-                inner_tensors(item, torch, out, depth + 1)
+            inner_tensors(item, torch, out, depth + 1)
     elif how == _SEQ:
         for item in value:
             inner_tensors(item, torch, out, depth + 1)
@@ -155,17 +148,14 @@ def _tensors(values: Any, torch: Any) -> list[Any]:
     kinds = set(map(type, found))
     if kinds.issubset(plain):
         return found
-    out = [t for t in found if t is not None]
     if kinds.issubset((*plain, type(None))):
-        return out
-    # a field that held a tensor when its class was planned holds a storage now: open it
-    odd = [t for t in out if type(t) not in plain]
-    out = [t for t in out if type(t) in plain]
-    for t in odd:
-        nested: list[Any] = []
-        inner_tensors(t, torch, nested, 1)
-        out += [n for n in nested if n is not None]
-    return out
+        return [t for t in found if t is not None]
+    # a field that held a tensor when its class was planned holds a storage now: open it (a plain
+    # tensor is appended as it is, a None is skipped)
+    opened: list[Any] = []
+    for t in found:
+        inner_tensors(t, torch, opened, 1)
+    return [t for t in opened if t is not None]
 
 
 def storages(values: Any, torch: Any) -> dict[int, int]:
@@ -202,24 +192,16 @@ def count(values: Any, params: Any, torch: Any) -> tuple[int, int]:
     found: dict[int, int] = {}
     for i in range(0, len(values), STEP):
         found.update(storages(values[i : i + STEP], torch))
-    shared = shared_with(found, params, torch)
+    # The storages a parameter also lives in, found by the parameter's storage, so a parameter that is
+    # a view into a larger buffer (megatron DDP) is found in it. Two tensors over one block of memory
+    # with two storage objects of different bounds (`from_blob`, DLPack) are not; TE's caches hold
+    # their own tensors or views of them. A quantized parameter (an FP8 primary weight): its inner tensors.
+    shared: set[int] = set()
+    if found and params:
+        held = map(torch._C.TensorBase.untyped_storage, _tensors(list(params), torch))
+        shared = found.keys() & set(map(torch._C.StorageBase.data_ptr, held))
     if not shared:
         return sum(found.values()), 0
-    views: dict[tuple[int, int], int] = {}
-    for t in _tensors(values, torch):
-        if t.untyped_storage().data_ptr() in shared:
-            views[(t.data_ptr(), t.nbytes)] = t.nbytes
-    return sum(v for k, v in found.items() if k not in shared), sum(views.values())
-
-
-def shared_with(held: dict[int, int], params: Any, torch: Any) -> set[int]:
-    """The storages in `held` (keyed by address) that a parameter also lives in.
-
-    Found by the parameter's storage, so a parameter that is a view into a larger buffer (megatron
-    DDP) is found in it. Two tensors over one block of memory with two storage objects of different
-    bounds (`from_blob`, DLPack) are not; TE's caches hold their own tensors or views of them."""
-    if not held or not params:
-        return set()
-    tensors = _tensors(list(params), torch)  # quantized parameters (FP8 primary weights): their inner tensors
-    addresses = map(torch._C.StorageBase.data_ptr, map(torch._C.TensorBase.untyped_storage, tensors))
-    return held.keys() & set(addresses)
+    # each view once: (address, bytes)
+    views = {(t.data_ptr(), t.nbytes) for t in _tensors(values, torch) if t.untyped_storage().data_ptr() in shared}
+    return sum(v for k, v in found.items() if k not in shared), sum(nbytes for _, nbytes in views)

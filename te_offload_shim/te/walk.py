@@ -50,14 +50,8 @@ def walk(chunk: Any, *, marks: GraphMarks = TE_ONLY, every: bool = False, seen: 
     hence the local aliases. A module that cannot be read costs only itself: its children are
     still walked. `marks`: a framework's module marks of a graphed chunk, besides TE's own. `seen`:
     ids of modules already walked (in an earlier chunk of the same call), skipped here and added to."""
-    modern: list[Any] = []
-    modern_dicts: list[dict] = []
-    legacy: list[Any] = []
-    legacy_dicts: list[dict] = []
-    everything: list[Any] = []
-    every_dicts: list[dict] = []
-    unreadable: list[tuple[Any, Exception]] = []
-    graph_mark = None
+    found = Tree([], [], [], [], None, [], [], [])  # its lists filled in place, its graph mark set at the end
+    modern, modern_dicts, legacy, legacy_dicts, graph_mark, unreadable, everything, every_dicts = found
     submodule, captured = marks.submodule, marks.captured
     seen = set() if seen is None else seen
     stack = [chunk]
@@ -90,4 +84,4 @@ def walk(chunk: Any, *, marks: GraphMarks = TE_ONLY, every: bool = False, seen: 
         except Exception as exc:
             unreadable.append((module, exc))
             push(reversed([child for _, child in child_modules(module)]))
-    return Tree(modern, modern_dicts, legacy, legacy_dicts, graph_mark, unreadable, everything, every_dicts)
+    return found._replace(graph_mark=graph_mark)
