@@ -81,15 +81,14 @@ def collect(do_import: bool = False) -> dict[str, Any]:
 
 def strict_failures(report: dict[str, Any]) -> list[str]:
     """Why `status --strict` fails: no activation route in force for this interpreter (the CLI's own
-    import of the package is no route), any warning, a target present here that would not be patched."""
+    import of the package is no route), any warning. A target present here that would not be patched
+    fails it too: only `TE_OFFLOAD_SHIM=0` leaves one so (switched off by `TE_OFFLOAD_SHIM_DISABLE`, or
+    fixed upstream, it is meant to be), and that is a warning here."""
     failures = [f"warning: {w}" for w in report["warnings"]]
     in_force = report["routes"]["in_force"]
     if in_force.startswith("none") or in_force == "PYTHONSTARTUP (interactive only)":
         # PYTHONSTARTUP runs in interactive sessions only: `python train.py` would get no shim
         failures.insert(0, "no activation route is in force for this interpreter (te-offload-shim enable, or run)")
-    for row in report["targets"]:
-        if row["present"] and not row["would_be_patched"] and not row["disabled"] and row["fixed_upstream"] is not True:
-            failures.append(f"{row['name']}: importable here and would not be patched ({row['state']})")
     return failures
 
 
@@ -333,14 +332,10 @@ def _print_routes(report: dict[str, Any]) -> None:
     routes = report["routes"]
     label = {True: "", False: " (outdated)", None: " (not readable by this user)"}
     files = ", ".join(p["path"] + label[p["current"]] for p in routes["pth"])
-    unknown = [
-        f"{e['name']}={e['value']}" + (f" (did you mean {e['closest']}?)" if e["closest"] else "")
-        for e in report["unknown_switches"]
-    ]
     fields = [(".pth", files or "no"), *((name, _yes(routes[key])) for name, key in _ROUTES)]
     fields += [("ray.init setup hook", routes["ray_init_propagation"])]
     fields += [("switches", ", ".join(f"{k}={v}" for k, v in report["switches"].items()) or "none set")]
-    fields += [("unknown switches", ", ".join(unknown))] if unknown else []
+    # a name that is no switch is said once, among the warnings (with the closest switch), not here too
     for value, names in report["disabled_by"].items():
         variants = " (its name-* variants included)" if len(names) > 1 and value != "*" else ""
         fields.append((f"{_switches.DISABLE}={value} switches off", f"{', '.join(names) or 'no target'}{variants}"))

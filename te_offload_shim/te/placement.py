@@ -87,15 +87,11 @@ def _kept(tensor: Any) -> bool:
     return not any(mark in d for mark in _offload_marks)
 
 
-def left_device(layer: Any, is_device: str | None = None) -> bool:
-    """Whether every one of `layer`'s own parameters (at least one) has left the device, and none is
-    managed by a sharding wrapper (wherever that wrapper's data is: on the device, on the CPU
-    after a CPU offload of FSDP1 or FSDP2, or freed by a reshard)."""
-    return _decide(layer, is_device or flag())[0]
-
-
 def _decide(layer: Any, is_device: str) -> tuple[bool, str | None]:
-    """(`left_device(layer)`, the name of an own parameter found on the device, or None)."""
+    """(whether every one of `layer`'s own parameters (at least one) has left the device, and none is
+    managed by a sharding wrapper (wherever that wrapper's data is: on the device, on the CPU after a
+    CPU offload of FSDP1 or FSDP2, or freed by a reshard); the name of an own parameter found on the
+    device, or None)."""
     try:
         params = object.__getattribute__(layer, "__dict__").get("_parameters") or {}
         found = False  # no parameters: nothing says it was offloaded
@@ -123,7 +119,7 @@ class Probe(Protocol):
 
 def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) -> list[Any]:
     """The layers of `entries` (weak references with a probe, te/layers.py) whose weights have all
-    left the device (`left_device`).
+    left the device (`_decide`).
 
     This runs at every allocator flush over every live TE layer, and almost always finds each
     layer on the device. Any one own parameter on the device decides that (the layer is never

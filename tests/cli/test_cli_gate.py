@@ -148,6 +148,20 @@ def test_strict_fails_where_only_pythonstartup_would_activate_it() -> None:
     assert gate.returncode == 1 and "no activation route is in force" in gate.stderr, gate
 
 
+def test_strict_fails_where_a_present_target_would_not_be_patched() -> None:
+    """What leaves a target present here unpatched (not switched off by name, not fixed upstream) is
+    the switch `TE_OFFLOAD_SHIM=0`: the gate fails, saying so, with a route in force."""
+    env = {"TE_OFFLOAD_SHIM": "0"}
+    gate = _cli("run", "--", *SHIM, "status", "--strict", "--json", env=env)
+    report = json.loads(gate.stdout)
+    unpatched = [r for r in report["targets"] if r["present"] and not r["would_be_patched"] and not r["disabled"]]
+    assert unpatched and report["routes"]["in_force"] == "sitecustomize bootstrap", report["routes"]
+    assert gate.returncode == 1 and report["strict_failures"] == [
+        "warning: switched off by TE_OFFLOAD_SHIM=0: nothing is patched"
+    ], report["strict_failures"]
+    assert gate.stderr.startswith("te-offload-shim: --strict: warning: switched off by TE_OFFLOAD_SHIM=0")
+
+
 @contextlib.contextmanager
 def _warnings_to(said: list[str]) -> Any:
     """The shim's log records, as text, into `said` (a handler on its logger)."""

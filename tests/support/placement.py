@@ -24,5 +24,11 @@ class Held:
 
 
 def offloaded(layers: Iterable[Any], is_device: str | None = None) -> list[Any]:
-    """The layers of `layers` whose weights have all left the device (`placement.left_device`)."""
+    """The layers of `layers` whose own weights (one at least) have all left the device, none managed
+    by a sharding wrapper."""
     return placement.offloaded_entries([Held(layer) for layer in layers], is_device)
+
+
+def left_device(layer: Any) -> bool:
+    """Whether the net takes `layer` for offloaded."""
+    return offloaded([layer]) == [layer]

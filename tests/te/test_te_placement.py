@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from support.placement import offloaded
+from support.placement import left_device, offloaded
 
 from te_offload_shim.integrations import flush
 from te_offload_shim.te import placement
@@ -52,7 +52,7 @@ def test_off_the_device_type_is_off_on_the_real_rule() -> None:
     assert placement.DEVICE_TYPE == "cuda"
     assert not placement.on_device(torch.ones(4)), "a CPU tensor is not on CUDA"
     assert not placement.on_device(torch.ones(4, device="meta"))
-    assert placement.left_device(_layer(torch.ones(4), torch.ones(2, device="meta")))
+    assert left_device(_layer(torch.ones(4), torch.ones(2, device="meta")))
 
 
 def test_a_tensor_holding_bytes_on_the_device_is_on(cpu_is_the_device: None) -> None:
@@ -73,7 +73,7 @@ def test_an_empty_tensor_on_the_device_is_kept_unless_an_offload_marked_it(cpu_i
     any unknown wrapper's reshard that frees the same way: not known to be an offload, so on. SkyRL's
     LoRA offload swaps the same, and marks the parameter with the CPU copy it keeps: off."""
     swapped = torch.nn.Parameter(torch.empty(0), requires_grad=False)
-    assert placement.on_device(swapped) and not placement.left_device(_layer(torch.empty(0)))
+    assert placement.on_device(swapped) and not left_device(_layer(torch.empty(0)))
     swapped._offload_cpu_data = torch.ones(4)  # type: ignore[attr-defined]
     assert not placement.on_device(swapped)
     assert not placement.on_device(torch.empty(0, device="meta")), "off the device type: off, empty or not"
@@ -81,13 +81,13 @@ def test_an_empty_tensor_on_the_device_is_kept_unless_an_offload_marked_it(cpu_i
 
 def test_a_layer_has_left_only_when_every_own_weight_has(cpu_is_the_device: None) -> None:
     gone = _resized_away()
-    assert placement.left_device(_layer(gone, _resized_away()))
-    assert not placement.left_device(_layer(gone, torch.ones(3))), "half on the device: on"
-    assert not placement.left_device(_layer(torch.ones(3), gone)), "the first weight on: on at one look"
-    assert not placement.left_device(torch.nn.Module()), "no weights: nothing says it was offloaded"
+    assert left_device(_layer(gone, _resized_away()))
+    assert not left_device(_layer(gone, torch.ones(3))), "half on the device: on"
+    assert not left_device(_layer(torch.ones(3), gone)), "the first weight on: on at one look"
+    assert not left_device(torch.nn.Module()), "no weights: nothing says it was offloaded"
     parent = torch.nn.Module()
     parent.child = _layer(gone)
-    assert not placement.left_device(parent), "a layer's own parameters only, not its children's"
+    assert not left_device(parent), "a layer's own parameters only, not its children's"
 
 
 def test_parameters_of_a_sharding_wrapper_never_count_as_offloaded(cpu_is_the_device: None) -> None:
@@ -98,8 +98,8 @@ def test_parameters_of_a_sharding_wrapper_never_count_as_offloaded(cpu_is_the_de
     for mark in flush.SHARDED_MARKS:
         layer = _layer(_resized_away())
         setattr(next(layer.parameters()), mark, 0)
-        assert not placement.left_device(layer), mark
-        assert placement.left_device(_layer(_resized_away())), "the same layer without the mark"
+        assert not left_device(layer), mark
+        assert left_device(_layer(_resized_away())), "the same layer without the mark"
 
 
 def test_a_quantized_weight_is_read_on_the_device_type_asked() -> None:
@@ -155,14 +155,14 @@ def test_sharded_parameters_on_the_cpu_never_count_as_offloaded() -> None:
         sharded.register_parameter("weight", torch.nn.Parameter(distribute_tensor(torch.ones(4, 4), mesh, [Shard(0)])))
         sharded.register_parameter("bias", torch.nn.Parameter(distribute_tensor(torch.ones(4), mesh, [Shard(0)])))
         assert type(sharded.weight) is DTensor and not sharded.weight.is_cuda
-        assert not placement.left_device(sharded) and offloaded([sharded]) == []
+        assert not left_device(sharded) and offloaded([sharded]) == []
 
         inner = torch.nn.Linear(4, 4)
         FullyShardedDataParallel(inner, device_id=torch.device("cpu"), use_orig_params=True)
         marked = [p for p in inner.parameters() if getattr(p, "_fsdp_flattened", False)]
         assert marked and all(not p.is_cuda for p in marked), "FSDP1 marks its originals, here on the CPU"
-        assert not placement.left_device(inner) and offloaded([inner]) == []
+        assert not left_device(inner) and offloaded([inner]) == []
     finally:
         dist.destroy_process_group()
     plain = _layer(torch.ones(4, 4), torch.ones(4))
-    assert placement.left_device(plain) and offloaded([plain]) == [plain], "plain CPU weights: off"
+    assert left_device(plain) and offloaded([plain]) == [plain], "plain CPU weights: off"
