@@ -362,15 +362,16 @@ def _fire(name=None, module=None, nested=0):  # type: (str | None, Any, int) -> 
 
 def _due():  # type: () -> list[tuple[str, Any]]
     # Watched modules loaded and finished whose callbacks have not run for that module object. Runs at
-    # each import: the set operation is C, over the watched names.
+    # each import: the set operation is C, over the watched names. `_watched` is read once: an
+    # install or uninstall on another thread replaces it meanwhile.
     found = []
-    modules = sys.modules
-    for name in _watched.keys() & modules.keys():
-        module = modules.get(name)
+    watched = _watched
+    for name in watched.keys() & sys.modules.keys():
+        module = sys.modules.get(name)
         if _fired.get(name) is not module and _finished(module):
             found.append((name, module))
     if len(found) > 1:  # a set has no order: WATCH's (Ray's callbacks before a table module's)
-        order = list(_watched)
+        order = list(watched)
         found.sort(key=lambda item: order.index(item[0]))
     return found
 

@@ -254,6 +254,27 @@ def test_the_applications_interrupt_in_a_callback_reaches_it_and_the_next_import
     del builtins.INTERRUPTED_RUNS  # type: ignore[attr-defined]
 
 
+def test_what_is_due_is_read_from_one_watch_table_while_another_thread_replaces_it(modules: Modules) -> None:
+    """Two watched modules due at once are put in the watch table's order. An uninstall on another
+    thread replaces the table meanwhile (here: while the first module's `__spec__` is read): the
+    order still comes from the table they were found in; a second read found none of them and raised
+    (ValueError) out of the finder, into the application's import."""
+
+    class Spec:
+        @property
+        def _initializing(self) -> bool:
+            shim._watched = {}  # what `_uninstall` does, on another thread
+            return False
+
+    names = [modules.write(n, "") for n in ("second", "first")]
+    for name in names:
+        module = ModuleType(name)
+        module.__spec__ = Spec()  # type: ignore[assignment]
+        sys.modules[name] = module
+    shim._watched = {names[1]: f"{HOOKS}:on_first", names[0]: f"{HOOKS}:on_second"}
+    assert [name for name, _ in shim._due()] == [names[1], names[0]]
+
+
 def test_a_callback_that_imports_a_watched_module_does_not_nest(modules: Modules) -> None:
     """A callback importing another watched module (the patcher loads wrapt) must not have that
     module's callbacks run inside it: they run right after it returns."""
