@@ -5,17 +5,16 @@ module for it; it returns the engine's `Target`, which is no public type: the pa
 it, and `status()`'s rows say the same to a user).
 
 The package exports the functions a user calls (`te_offload_shim.status()`), and this module loads on the first
-use of one: not at start-up. `install` and `installed` are in the package itself, which runs
-`install()` when imported and owns the install state: read here through its functions. Each
-function imports what it needs when called, so that asking for `status()` never imports torch or a
-framework.
+use of one: not at start-up. `install` and `installed` are in the package itself; the install state is
+the import hook's (`_hook.HOOK`), read here by its public names. Each function imports what it needs
+when called, so that asking for `status()` never imports torch or a framework.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import te_offload_shim as _shim
+from te_offload_shim._hook import HOOK
 
 if TYPE_CHECKING:
     from te_offload_shim.engine.schema import Target
@@ -30,7 +29,7 @@ def uninstall() -> int:
 
     Returns how many patched attributes were restored; never raises. No patch lands after it
     returns. `install()` works again afterwards."""
-    return _shim._uninstall(_restore)
+    return HOOK.uninstall(_restore)
 
 
 def _restore() -> int:
@@ -55,11 +54,12 @@ def status() -> Status:
     """What this process has: switches, and for each target whether it is imported and patched.
     Reads only: it never patches (a target module whose callback failed is patched again only when
     its module is re-imported or reloaded)."""
+    from te_offload_shim import __version__
     from te_offload_shim.engine.status import status as status_
 
-    installed, _, problems, hook_errors = _shim._state()
-    failures = dict(e.split(": ", 1) for e in hook_errors if ": " in e)  # "module: why" -> module -> why
-    return status_(all_targets(), installed, problems, hook_errors, _shim.__version__, failures)
+    failures = dict(HOOK.errors)
+    hook_errors = [f"{module}: {why}" for module, why in failures.items()]
+    return status_(all_targets(), HOOK.installed, list(HOOK.problems), hook_errors, __version__, failures)
 
 
 def stats() -> Stats:
@@ -103,7 +103,9 @@ def ray_setup() -> None:
     """For `runtime_env={"worker_process_setup_hook": "te_offload_shim.ray_setup"}`. Never raises:
     a raising setup hook kills the Ray worker."""
     try:
-        _shim.install()
+        from te_offload_shim import install
+
+        install()
     except Exception as exc:  # pragma: no cover - install() itself fails open
         try:
             from te_offload_shim._log import warn_once

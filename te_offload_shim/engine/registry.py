@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-import te_offload_shim as _shim
+from te_offload_shim import _hook
 from te_offload_shim._locks import Lock
 from te_offload_shim._reload import kept
 
@@ -90,7 +90,7 @@ def rebind(old: object, new: object) -> None:
     Patching: `from X import f` made before the patch holds the original. Unpatching: one made
     after it holds the wrapper, whether or not we ever saw that module."""
     for module in list(sys.modules.values()):
-        d = _shim._module_namespace(module)  # lazy modules are skipped: they hold no aliases yet
+        d = _hook.namespace(module)  # lazy modules are skipped: they hold no aliases yet
         if d is None:
             continue
         try:
@@ -103,30 +103,29 @@ def rebind(old: object, new: object) -> None:
 
 def namespace(module: object) -> dict[str, Any] | None:
     """A loaded module's namespace, read without running any of its code (None for a module loaded
-    with LazyLoader that has not run yet, or anything that is not a module): the start-up module's
-    own reader, which the watcher uses too."""
-    return _shim._module_namespace(module)
+    with LazyLoader that has not run yet, or anything that is not a module): the import hook's own
+    reader."""
+    return _hook.namespace(module)
 
 
 def finished(name: str) -> bool:
     """Whether module `name` is in sys.modules and has finished importing (its body has run to the
     end), read as the import hook reads it, without running any of its code."""
-    return bool(_shim._finished(sys.modules.get(name)))
+    return _hook.finished(sys.modules.get(name))
 
 
 def active() -> bool:
-    """Whether the shim is installed, as its one owner (the start-up module) says: this module is
-    imported with the first patch, not at every interpreter start. `uninstall()` clears the flag
-    first, then takes this lock in `deactivate()`, so a patch either lands before and is undone, or
-    sees the flag and does not land."""
-    return _shim.installed()
+    """Whether the shim is installed, as the import hook, its one owner, says. `uninstall()` clears
+    the flag first, then takes this lock in `deactivate()`, so a patch either lands before and is
+    undone, or sees the flag and does not land."""
+    return _hook.HOOK.installed
 
 
 def install_state() -> tuple[bool, tuple[Target, ...]]:
-    """(installed, the user targets `install()` took), as the start-up module holds them: for the
-    table's import callback (integrations/table.py), which lives below the API."""
-    installed, user_targets, _, _ = _shim._state()
-    return installed, user_targets
+    """(installed, the user targets `install()` took), as the import hook holds them: for the
+    table's import callback (integrations/table.py)."""
+    hook = _hook.HOOK
+    return hook.installed, hook.user_targets
 
 
 def add(record: Record, replacement: Any) -> bool:

@@ -23,7 +23,7 @@ def _package_locks() -> list[tuple[str, Any]]:
     from te_offload_shim import _locks
 
     return [
-        ("te_offload_shim", te_offload_shim._lock),
+        ("te_offload_shim._hook.HOOK", te_offload_shim.HOOK._lock),
         *((f"_locks._all[{i}]", lock) for i, lock in enumerate(_locks._all)),
     ]
 

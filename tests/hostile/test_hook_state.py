@@ -134,7 +134,7 @@ def test_the_package_survives_its_own_reload(tmp_path: Path) -> None:
     layer = cached_layer()
     assert reloaded_target.offload([layer]) == "offloaded"
     assert layer._fp8_workspaces == {}, "the reloaded target is patched"
-    assert sum(1 for f in sys.meta_path if type(f).__name__ == "_Finder") == 1, sys.meta_path
+    assert sum(1 for f in sys.meta_path if type(f).__name__ == "ImportHook") == 1, sys.meta_path
 
 
 class _Interrupting:

@@ -71,7 +71,7 @@ def test_a_target_module_that_imports_the_shim_itself_is_patched_at_the_next_imp
     write_module(tmp_path, "any_next_import", "")
     imports_the_shim = importlib.import_module("imports_the_shim")  # before the shim, which it imports
     te_offload_shim = sys.modules["te_offload_shim"]
-    assert te_offload_shim._hook_errors == [], "nothing was patched half built"
+    assert te_offload_shim.HOOK.errors == {}, "nothing was patched half built"
     importlib.import_module("any_next_import")
 
     layer = cached_layer()
@@ -94,7 +94,7 @@ def test_what_is_due_fires_after_a_packages_whole_import_not_inside_it() -> None
     te_offload_shim = sys.modules["te_offload_shim"]
     importlib.import_module("wrapt")  # the next import: a package that imports its submodules
 
-    assert te_offload_shim._hook_errors == [], te_offload_shim._hook_errors
+    assert te_offload_shim.HOOK.errors == {}, te_offload_shim.HOOK.errors
     layer = cached_layer()
     assert imports_the_shim.offload([layer]) == "offloaded"
     assert layer._fp8_workspaces == {}, "cleared by the wrapper installed after wrapt's import"
@@ -234,7 +234,7 @@ def test_a_legacy_loader_still_loads_its_module_and_it_is_patched(tmp_path: Path
     assert type(legacy_loaded.__loader__) is _LegacyLoader
     assert shim_layers(legacy_loaded.offload) == 0, "not chained: it is due at the next import"
     disk_target = importlib.import_module("disk_target")  # the process's next import
-    assert shim_layers(disk_target.offload) == 1 and sys.meta_path[0] is te_offload_shim._finder
+    assert shim_layers(disk_target.offload) == 1 and sys.meta_path[0] is te_offload_shim.HOOK
     assert shim_layers(legacy_loaded.offload) == 1, "patched at the end of the next import"
     layer = cached_layer()
     assert legacy_loaded.offload([layer]) == "legacy" and layer._fp8_workspaces == {}
@@ -414,7 +414,7 @@ def test_the_finder_imports_nothing() -> None:
 
     before = set(sys.modules)
     for name in ("verl.utils.megatron_utils", "json", "a_module_nobody_has"):
-        shim._finder.find_spec(name)
+        shim.HOOK.find_spec(name)
     assert set(sys.modules) == before
 
 
@@ -432,7 +432,8 @@ def test_a_watched_import_does_not_wait_for_a_thread_importing_the_shims_modules
     (tmp_path / "firing_race_target.py").write_text("def offload(models):\n    return 'offloaded'\n")
     sys.path.insert(0, str(tmp_path))
     os.environ["TE_OFFLOAD_SHIM_TARGETS"] = "firing_race_target:offload"
-    import te_offload_shim as shim
+    import te_offload_shim  # noqa: F401  (installs the shim, as a real process does)
+    from te_offload_shim._hook import ChainedLoader
 
     holding, release = threading.Event(), threading.Event()
 
@@ -454,7 +455,7 @@ def test_a_watched_import_does_not_wait_for_a_thread_importing_the_shims_modules
     release.set()
     importer.join(10)
     holder.join(10)
-    assert found_in < 5 and spec is not None and type(spec.loader) is shim._Chained, found_in
+    assert found_in < 5 and spec is not None and type(spec.loader) is ChainedLoader, found_in
     assert not importer.is_alive(), "the import never finished"
     from te_offload_shim.engine.patch import shim_layers
 
@@ -488,5 +489,5 @@ def test_callbacks_that_cannot_load_fail_no_import_and_no_install(tmp_path: Path
     finally:
         integrations.__path__[:] = path
     assert early.offload([]) == "early" and late.offload([]) == "late"
-    errors = [e for e in shim._hook_errors if "broken install" in e]
-    assert {e.partition(":")[0] for e in errors} == {"early_target", "late_target"}, shim._hook_errors
+    failed = {module for module, why in shim.HOOK.errors.items() if "broken install" in why}
+    assert failed == {"early_target", "late_target"}, shim.HOOK.errors

@@ -1,7 +1,8 @@
 """The start-up path stays small, and the layout docs/architecture.md describes is the package's.
 
-`import te_offload_shim` may load one module of ours and nothing else (`_switches` too when a
-switch is set); the module names it watches must be the table's.
+`import te_offload_shim` may load the facade and the import hook and nothing else (`_switches` too
+when a switch is set); the module names it watches must be the table's; no module of the package
+reaches another module's private names.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "te_offload_shim"
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+START_UP = {"te_offload_shim", "te_offload_shim._hook"}
 
 
 def test_the_start_up_path_watches_exactly_the_modules_of_the_table() -> None:
@@ -25,15 +27,15 @@ def test_the_start_up_path_watches_exactly_the_modules_of_the_table() -> None:
 
 
 @pytest.mark.subprocess(fresh=True)
-def test_import_loads_one_module_of_ours_and_nothing_else() -> None:
+def test_import_loads_the_facade_and_the_hook_and_nothing_else() -> None:
     before = set(sys.modules)
     import te_offload_shim
 
     assert te_offload_shim.installed()
-    assert set(sys.modules) - before == {"te_offload_shim"}
+    assert set(sys.modules) - before == START_UP
 
 
-def test_import_in_a_bare_interpreter_loads_one_module_and_nothing_else() -> None:
+def test_import_in_a_bare_interpreter_loads_the_facade_and_the_hook_and_nothing_else() -> None:
     """The same in a plain `python -c` (pytest's child has loaded logging and more already): a
     standard-library module brought in at start-up would cost every interpreter of a cluster."""
     import os
@@ -43,7 +45,7 @@ def test_import_in_a_bare_interpreter_loads_one_module_and_nothing_else() -> Non
     env = {k: v for k, v in os.environ.items() if not k.startswith("TE_OFFLOAD_SHIM")}
     env["PYTHONPATH"] = str(PACKAGE.parent)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['te_offload_shim']"
+    assert out.strip() == str(sorted(START_UP))
 
 
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_STRICT": "1"}, fresh=True)
@@ -52,7 +54,7 @@ def test_a_switch_set_adds_only_the_switches_module() -> None:
     import te_offload_shim
 
     assert te_offload_shim.installed()
-    assert set(sys.modules) - before == {"te_offload_shim", "te_offload_shim._switches"}
+    assert set(sys.modules) - before == START_UP | {"te_offload_shim._switches"}
 
 
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM": "0"})
@@ -94,28 +96,6 @@ def test_every_module_of_the_package_is_in_the_architecture_page() -> None:
     assert listed - present == set(), "docs/architecture.md's Modules section names modules that do not exist"
 
 
-def test_the_start_up_declares_the_signatures_of_the_api() -> None:
-    """`__init__.py` declares `api`'s functions for type checkers instead of importing `api` (which
-    reads the start-up's install state): each declaration says what api.py says."""
-
-    def functions(tree: ast.AST) -> dict[str, str]:
-        return {
-            node.name: f"({ast.unparse(node.args)}) -> {ast.unparse(node.returns) if node.returns else None}"
-            for node in ast.walk(tree)
-            if isinstance(node, ast.FunctionDef)
-        }
-
-    start_up = ast.parse((PACKAGE / "__init__.py").read_text())
-    (block,) = [n for n in start_up.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING"]
-    declared = functions(ast.Module(body=block.body, type_ignores=[]))
-    api = functions(ast.parse((PACKAGE / "api.py").read_text()))
-    import te_offload_shim
-
-    exported = {name for name, module in te_offload_shim._EXPORTS.items() if module == "te_offload_shim.api"}
-    assert set(declared) == exported, "every function exported from api is declared, and nothing else"
-    assert {name: api[name] for name in declared} == declared
-
-
 def test_packaging_is_imported_only_by_status_and_only_when_it_runs() -> None:
     """`packaging` (the table's specifiers) is a dependency of `status` alone: one module imports
     it, inside a function, so neither start-up nor a patched process ever loads it for the shim."""
@@ -132,35 +112,63 @@ def test_packaging_is_imported_only_by_status_and_only_when_it_runs() -> None:
     assert importers == {"integrations/versions.py": False}, "imported at a module's top, or elsewhere"
 
 
-def test_only_the_start_up_module_writes_the_hooks_state() -> None:
-    """The start-up module owns the install state and the hook's (issue 30): no other module assigns
-    to, deletes or mutates a private name of it (`_shim._watched = ...`, `_shim._fired.clear()`)."""
-    writes = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if path == PACKAGE / "__init__.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets: list[ast.AST] = []
-            if isinstance(node, ast.Assign):
-                targets = list(node.targets)
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-            elif isinstance(node, ast.Delete):
-                targets = list(node.targets)
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                targets = [node.func.value]
-            for target in targets:
-                if isinstance(target, ast.Subscript):
-                    target = target.value
-                if (
-                    isinstance(target, ast.Attribute)
-                    and target.attr.startswith("_")
-                    and isinstance(target.value, ast.Name)
-                    and target.value.id in ("_shim", "te_offload_shim", "shim")
-                    and (not isinstance(node, ast.Call) or node.func.attr in MUTATORS)  # type: ignore[attr-defined]
-                ):
-                    writes.append(f"{path.name}:{getattr(node, 'lineno', 0)} {target.attr}")
-    assert writes == [], writes
+def private_reaches(path: Path) -> list[str]:
+    """Where the module at `path` reaches another module's private (underscore, not dunder) names:
+    `from te_offload_shim.x import _y`, or `_y` read off a name bound by an import of the package
+    (a module, `x._y`, or an object of one, `HOOK._y`). Underscore modules are the package's own."""
+    tree = ast.parse(path.read_text())
+    private = re.compile(r"^_(?!_)")
+    imported: set[str] = set()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("te_offload_shim"):
+            for alias in node.names:
+                if private.match(alias.name) and f"{node.module}.{alias.name}" not in MODULES:
+                    found.append(f"{path.name}:{node.lineno} imports {node.module}.{alias.name}")
+                imported.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("te_offload_shim"):
+                    imported.add(alias.asname or alias.name.split(".")[0])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private.match(node.attr):
+            base = node.value
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in imported and ast.unparse(node) not in MODULES:
+                found.append(f"{path.name}:{node.lineno} reads {ast.unparse(node)}")
+    return found
 
 
-MUTATORS = {"pop", "clear", "update", "setdefault", "add", "discard", "remove", "append", "popitem"}
+MODULES = {f"te_offload_shim.{p.stem}" for p in PACKAGE.glob("_*.py")} | {
+    f"te_offload_shim.{p.parent.name}.{p.stem}" for p in PACKAGE.glob("*/_*.py")
+}
+
+
+def test_no_module_reaches_another_modules_private_names() -> None:
+    """Each module's private names are its own: the others call it by public names (issue 41)."""
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in private_reaches(path)]
+    assert found == [], found
+
+
+def test_the_private_reach_check_sees_each_kind_of_reach(tmp_path: Path) -> None:
+    """The check above must be able to fail: an import of a private name, a module's private name,
+    an imported object's private attribute; a private module itself is no reach."""
+    module = tmp_path / "reacher.py"
+    module.write_text(
+        "import te_offload_shim\n"
+        "from te_offload_shim import _hook\n"
+        "from te_offload_shim._hook import HOOK, _MODULE_DICT\n"
+        "from te_offload_shim.engine import registry\n"
+        "te_offload_shim._hook.HOOK\n"
+        "te_offload_shim._hook.HOOK._lock\n"
+        "HOOK._fired\n"
+        "registry._records\n"
+        "_hook.namespace\n"
+    )
+    assert [hit.split(" ", 1)[1] for hit in private_reaches(module)] == [
+        "imports te_offload_shim._hook._MODULE_DICT",
+        "reads te_offload_shim._hook.HOOK._lock",
+        "reads HOOK._fired",
+        "reads registry._records",
+    ]

@@ -1,10 +1,11 @@
-"""The post-import hook (the finder, its chained loader and `_fire` in te_offload_shim/__init__.py),
-in this process.
+"""The post-import hook (te_offload_shim/_hook.py: the finder, its chained loader, the firing), in
+this process.
 
-Each test writes its own modules, under names no other test uses, to a temporary directory, and
-watches them with callbacks of its own, named `module:function` as the start-up's table names
-its callbacks. It leaves the hook as it found it (the shim may be installed in this process by
-another test), with its modules and path entry gone.
+Each test gets an import hook of its own (`ImportHook()`, installed by the `modules` fixture and
+uninstalled after it, as ddtrace's `module_watchdog` fixture does), writes its own modules, under
+names no other test uses, to a temporary directory, and watches them with callbacks of its own,
+named `module:function` as the start-up's table names its callbacks. The package's own hook (the
+shim may be installed in this process by another test) watches none of these names.
 """
 
 from __future__ import annotations
@@ -14,24 +15,26 @@ import importlib.machinery
 import importlib.util
 import itertools
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-import te_offload_shim as shim
+from te_offload_shim._hook import ChainedLoader, ImportHook
 
 _serial = itertools.count()
 HOOKS = "watch_probe_hooks"  # the module the tests' callbacks are named in
 
 
 class Modules:
-    """Module files in one directory on sys.path, named `<prefix>_<name>`."""
+    """Module files in one directory on sys.path, named `<prefix>_<name>`, and the test's own hook."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, hook: ImportHook) -> None:
         self.directory = directory
         self.prefix = f"watch_probe_{next(_serial)}"
+        self.hook = hook
 
     def write(self, name: str, source: str) -> str:
         full = f"{self.prefix}_{name}"
@@ -39,34 +42,30 @@ class Modules:
         importlib.invalidate_caches()
         return full
 
+    def watch(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        """Watch one more module: the hook installed again with the larger table (what is due fires
+        then, as at install)."""
+        setattr(sys.modules[HOOKS], f"on_{name}", callback)
+        table = {**self.hook.watched, name: f"{HOOKS}:on_{name}"}
+        self.hook.uninstall(lambda: 0)
+        self.hook.install(table)
+
 
 @pytest.fixture
 def modules(tmp_path: Path) -> Iterator[Modules]:
-    saved = (shim._installed, shim._watched, dict(shim._fired), list(shim._hook_errors), list(sys.meta_path))
-    shim._watched = {}
+    hook = ImportHook()
     sys.modules[HOOKS] = ModuleType(HOOKS)
     sys.path.insert(0, str(tmp_path))
-    made = Modules(tmp_path)
+    made = Modules(tmp_path, hook)
+    hook.install({})
     try:
         yield made
     finally:
+        hook.uninstall(lambda: 0)
         sys.path.remove(str(tmp_path))
         for name in [n for n in sys.modules if n.startswith(made.prefix) or n == HOOKS]:
             del sys.modules[name]
-        shim._installed, shim._watched = saved[0], saved[1]
-        shim._fired.clear()
-        shim._fired.update(saved[2])
-        shim._hook_errors[:] = saved[3]
-        sys.meta_path = saved[4]
         importlib.invalidate_caches()
-
-
-def watch(name: str, callback: Callable[[ModuleType], None]) -> None:
-    """What install() does for one more watched name: the finder in front, and what is due fired."""
-    setattr(sys.modules[HOOKS], f"on_{name}", callback)
-    shim._watched = {**shim._watched, name: f"{HOOKS}:on_{name}"}
-    shim._to_front()
-    shim._fire()
 
 
 def recorder(calls: list) -> Callable[[ModuleType], None]:
@@ -81,8 +80,8 @@ def recorder(calls: list) -> Callable[[ModuleType], None]:
 def test_fires_after_the_module_body_once_with_the_real_loader_back(modules: Modules) -> None:
     name = modules.write("plain", "DONE = 'body ran to its end'\n")
     calls: list = []
-    watch(name, recorder(calls))
-    assert sys.meta_path[0] is shim._finder
+    modules.watch(name, recorder(calls))
+    assert sys.meta_path[0] is modules.hook
     assert calls == [], "watching a module not imported yet runs nothing"
 
     module = importlib.import_module(name)
@@ -101,7 +100,7 @@ def test_watching_an_imported_module_fires_at_once(modules: Modules) -> None:
     name = modules.write("early", "DONE = True\n")
     module = importlib.import_module(name)
     calls: list = []
-    watch(name, recorder(calls))
+    modules.watch(name, recorder(calls))
     assert calls == [(module, True)]
     importlib.import_module(modules.write("later", ""))
     assert len(calls) == 1
@@ -110,25 +109,29 @@ def test_watching_an_imported_module_fires_at_once(modules: Modules) -> None:
 def test_the_finder_answers_only_for_watched_names(modules: Modules) -> None:
     watched = modules.write("watched", "DONE = 1\n")
     other = modules.write("other", "DONE = 1\n")
-    watch(watched, recorder([]))
-    spec = shim._finder.find_spec(watched)
-    assert spec is not None and type(spec.loader) is shim._Chained
-    assert shim._finder.find_spec(other) is None
-    assert shim._finder.find_spec(f"{modules.prefix}_nowhere") is None, "a watched name nobody can find"
+    modules.watch(watched, recorder([]))
+    spec = modules.hook.find_spec(watched)
+    assert spec is not None and type(spec.loader) is ChainedLoader
+    assert modules.hook.find_spec(other) is None
+    assert modules.hook.find_spec(f"{modules.prefix}_nowhere") is None, "a watched name nobody can find"
 
 
 def test_the_finder_imports_nothing() -> None:
     """`find_spec` runs under the import system's global lock: it loads no module of any kind."""
+    import te_offload_shim
+
+    hook = te_offload_shim.HOOK
+    assert hook.installed and "verl.utils.megatron_utils" in hook.watched
     before = set(sys.modules)
     for name in ("json", "verl.utils.megatron_utils", "a_module_nobody_has"):
-        shim._finder.find_spec(name)
+        hook.find_spec(name)
     assert set(sys.modules) == before
 
 
 def test_a_new_module_object_fires_again_and_reload_fires_again(modules: Modules) -> None:
     name = modules.write("again", "DONE = object()\n")
     calls: list = []
-    watch(name, recorder(calls))
+    modules.watch(name, recorder(calls))
     first = importlib.import_module(name)
     del sys.modules[name]
     second = importlib.import_module(name)
@@ -141,9 +144,9 @@ def test_a_new_module_object_fires_again_and_reload_fires_again(modules: Modules
 def test_uninstall_takes_the_finder_off_and_stops_firing(modules: Modules) -> None:
     name = modules.write("dropped", "DONE = 1\n")
     calls: list = []
-    watch(name, recorder(calls))
-    assert shim._uninstall(lambda: 0) == 0
-    assert shim._finder not in sys.meta_path
+    modules.watch(name, recorder(calls))
+    assert modules.hook.uninstall(lambda: 0) == 0
+    assert modules.hook not in sys.meta_path
     importlib.import_module(name)
     importlib.import_module(modules.write("later", ""))
     assert calls == []
@@ -164,7 +167,7 @@ def test_a_module_loaded_without_the_finder_fires_at_the_end_of_the_next_import(
     trigger = modules.write("trigger", "import sys\nSEEN_BEFORE_MY_END = len(sys.modules['watch_probe_hooks'].calls)\n")
     calls: list = []
     sys.modules[HOOKS].calls = calls  # type: ignore[attr-defined]
-    watch(name, recorder(calls))
+    modules.watch(name, recorder(calls))
     module = _load_behind_its_back(modules, name)
     assert calls == []
     triggered = importlib.import_module(trigger)  # any import: the finder chains it, and fires what is due
@@ -178,7 +181,7 @@ def test_an_import_in_flight_fires_at_the_next_import_after_it_finishes(modules:
     fired half built, and its spec is left as the import system made it."""
     calls: list = []
     sys.modules[HOOKS].calls = calls  # type: ignore[attr-defined]
-    sys.modules[HOOKS].watch = watch  # type: ignore[attr-defined]
+    sys.modules[HOOKS].watch = modules.watch  # type: ignore[attr-defined]
     sys.modules[HOOKS].recorder = recorder  # type: ignore[attr-defined]
     name = modules.write(
         "inflight",
@@ -198,7 +201,7 @@ def test_an_import_in_flight_fires_at_the_next_import_after_it_finishes(modules:
 
 def test_a_failed_import_in_flight_fires_nothing(modules: Modules) -> None:
     calls: list = []
-    sys.modules[HOOKS].watch = watch  # type: ignore[attr-defined]
+    sys.modules[HOOKS].watch = modules.watch  # type: ignore[attr-defined]
     sys.modules[HOOKS].callback = recorder(calls)  # type: ignore[attr-defined]
     name = modules.write(
         "fails",
@@ -221,11 +224,11 @@ def test_a_callback_error_is_recorded_and_not_raised_into_the_import(modules: Mo
     def boom(module: ModuleType) -> None:
         raise ValueError("callback failed")
 
-    watch(name, boom)
-    watch(later, recorder(calls))
+    modules.watch(name, boom)
+    modules.watch(later, recorder(calls))
     module = importlib.import_module(name)  # must not raise
     assert module.DONE == 1
-    assert f"{name}: ValueError: callback failed" in shim._hook_errors
+    assert modules.hook.errors[name] == "ValueError: callback failed"
     assert importlib.import_module(later).DONE == 2 and len(calls) == 1, "the other modules still fire"
 
 
@@ -243,7 +246,7 @@ def test_the_applications_interrupt_in_a_callback_reaches_it_and_the_next_import
             raise KeyboardInterrupt
         calls.append(module)
 
-    watch(name, interrupted_once)
+    modules.watch(name, interrupted_once)
     with pytest.raises(KeyboardInterrupt):
         importlib.import_module(name)
     assert name not in sys.modules
@@ -254,16 +257,32 @@ def test_the_applications_interrupt_in_a_callback_reaches_it_and_the_next_import
     del builtins.INTERRUPTED_RUNS  # type: ignore[attr-defined]
 
 
+def test_modules_due_at_once_fire_in_the_watch_tables_order(modules: Modules) -> None:
+    """What is due at install fires in the table's order, not the order sys.modules or a set gives
+    (Ray's callbacks must run before a table module's)."""
+    names = [modules.write(n, "DONE = 1\n") for n in ("b_second", "a_first", "c_third")]
+    for name in names:
+        importlib.import_module(name)
+    order: list[str] = []
+    for name in names:
+        setattr(sys.modules[HOOKS], f"on_{name}", lambda module, name=name: order.append(name))
+    table = {name: f"{HOOKS}:on_{name}" for name in (names[1], names[2], names[0])}
+    modules.hook.uninstall(lambda: 0)
+    modules.hook.install(table)
+    assert order == list(table)
+
+
 def test_what_is_due_is_read_from_one_watch_table_while_another_thread_replaces_it(modules: Modules) -> None:
-    """Two watched modules due at once are put in the watch table's order. An uninstall on another
-    thread replaces the table meanwhile (here: while the first module's `__spec__` is read): the
-    order still comes from the table they were found in; a second read found none of them and raised
-    (ValueError) out of the finder, into the application's import."""
+    """An uninstall on another thread replaces the watch table while what is due is read (here:
+    while the first module's `__spec__` is read): the order still comes from the table they were
+    found in; a second read found none of them and raised (ValueError) out of the finder, into the
+    application's import."""
+    hook = modules.hook
 
     class Spec:
         @property
         def _initializing(self) -> bool:
-            shim._watched = {}  # what `_uninstall` does, on another thread
+            hook.uninstall(lambda: 0)  # what an uninstall on another thread does meanwhile
             return False
 
     names = [modules.write(n, "") for n in ("second", "first")]
@@ -271,8 +290,13 @@ def test_what_is_due_is_read_from_one_watch_table_while_another_thread_replaces_
         module = ModuleType(name)
         module.__spec__ = Spec()  # type: ignore[assignment]
         sys.modules[name] = module
-    shim._watched = {names[1]: f"{HOOKS}:on_first", names[0]: f"{HOOKS}:on_second"}
-    assert [name for name, _ in shim._due()] == [names[1], names[0]]
+    fired: list[str] = []
+    sys.modules[HOOKS].on_first = sys.modules[HOOKS].on_second = fired.append  # type: ignore[attr-defined]
+    hook.uninstall(lambda: 0)
+    hook.install({names[1]: f"{HOOKS}:on_first", names[0]: f"{HOOKS}:on_second"})  # must not raise
+    hook.install({})
+    importlib.import_module(modules.write("later", ""))  # nor any import after it
+    assert fired == [] and hook.installed
 
 
 def test_a_callback_that_imports_a_watched_module_does_not_nest(modules: Modules) -> None:
@@ -290,9 +314,113 @@ def test_a_callback_that_imports_a_watched_module_does_not_nest(modules: Modules
     def on_inner(module: ModuleType) -> None:
         order.append(f"inner saw {module.DONE}")
 
-    watch(outer, on_outer)
-    watch(inner, on_inner)
+    modules.watch(outer, on_outer)
+    modules.watch(inner, on_inner)
     importlib.import_module(outer)
     assert order == ["outer start", "outer end", "inner saw inner"]
     importlib.import_module(modules.write("later", ""))
     assert len(order) == 3, "and only once"
+
+
+# --- threads: callbacks run outside the hook's lock (wrapt's import-deadlock tests, in our terms).
+# Each runs in a child interpreter of its own: on a deadlock its daemon threads stay stuck there.
+
+JOIN_S = 10
+
+
+def _joined(thread: threading.Thread) -> bool:
+    thread.join(JOIN_S)
+    return not thread.is_alive()
+
+
+@pytest.mark.subprocess()
+@pytest.mark.parametrize("imported", ["before", "after"])
+def test_a_callback_whose_thread_watches_again_does_not_deadlock(modules: Modules, imported: str) -> None:
+    """wrapt's `test_import_deadlock_1` and `_2`: a callback (for a module imported before the watch,
+    or after it) starts a thread that installs the hook again, and waits for it. Under the hook's
+    lock the thread waited for the callback, which waited for the thread."""
+    name = modules.write("starts_a_thread", "DONE = 1\n")
+    other = modules.write("watched_by_the_thread", "DONE = 1\n")
+    done: list[bool] = []
+
+    def callback(module: ModuleType) -> None:
+        thread = threading.Thread(target=modules.watch, args=(other, recorder([])), daemon=True)
+        thread.start()
+        done.append(_joined(thread))
+
+    if imported == "before":
+        importlib.import_module(name)
+    modules.watch(name, callback)
+    importlib.import_module(name)
+    assert done == [True]
+
+
+@pytest.mark.subprocess()
+def test_a_callback_whose_thread_imports_a_watched_module_does_not_deadlock(modules: Modules) -> None:
+    """wrapt's `test_import_deadlock_3`: a callback starts a thread that imports another watched
+    module, and waits for it: that module's callback runs on that thread, while the first one waits."""
+    first = modules.write("first", "DONE = 1\n")
+    second = modules.write("second", "DONE = 2\n")
+    order: list[str] = []
+    done: list[bool] = []
+
+    def on_first(module: ModuleType) -> None:
+        order.append("first")
+        thread = threading.Thread(target=importlib.import_module, args=(second,), daemon=True)
+        thread.start()
+        done.append(_joined(thread))
+
+    modules.watch(first, on_first)
+    modules.watch(second, lambda module: order.append("second"))
+    importlib.import_module(first)
+    assert done == [True] and order == ["first", "second"]
+
+
+@pytest.mark.subprocess()
+def test_two_threads_whose_imports_cross_through_a_callback_both_finish(modules: Modules) -> None:
+    """Thread 1 imports `one`, whose body imports watched `w1`; w1's callback imports `two`, which
+    thread 2 is importing: its body waits until that callback started, then imports watched `w2`.
+    Under the hook's lock thread 2 waited for thread 1's callback, which waited for `two`'s import
+    lock, held by thread 2: neither ever finished. Each callback runs once."""
+    hooks = sys.modules[HOOKS]
+    hooks.two_started, hooks.w1_called = threading.Event(), threading.Event()  # type: ignore[attr-defined]
+    w1 = modules.write("w1", "DONE = 1\n")
+    w2 = modules.write("w2", "DONE = 2\n")
+    one = modules.write("one", f"import {w1}\n")
+    two = modules.write(
+        "two",
+        f"import sys\nhooks = sys.modules['{HOOKS}']\nhooks.two_started.set()\n"
+        f"assert hooks.w1_called.wait({JOIN_S})\nimport {w2}\nDONE = 'two'\n",
+    )
+    calls: list[str] = []
+
+    def on_w1(module: ModuleType) -> None:
+        calls.append("w1")
+        hooks.w1_called.set()  # type: ignore[attr-defined]
+        calls.append(importlib.import_module(two).DONE)
+
+    modules.watch(w1, on_w1)
+    modules.watch(w2, lambda module: calls.append("w2"))
+    second = threading.Thread(target=importlib.import_module, args=(two,), daemon=True)
+    second.start()
+    assert hooks.two_started.wait(JOIN_S)  # type: ignore[attr-defined]
+    first = threading.Thread(target=importlib.import_module, args=(one,), daemon=True)
+    first.start()
+    assert _joined(first) and _joined(second), "deadlocked"
+    assert sorted(calls) == ["two", "w1", "w2"]
+
+
+@pytest.mark.subprocess()
+def test_wrapts_own_hook_on_the_same_module_and_ours_each_fire_once(modules: Modules) -> None:
+    """wrapt's `register_post_import_hook` watching the module ours watches: wrapt's finder asks the
+    import system again from inside its own `find_spec`, which comes back to ours; the per-thread
+    guard sends that look-up to the finders behind us, or ours chained twice and fired twice."""
+    import wrapt
+
+    name = modules.write("both_watch", "DONE = 1\n")
+    calls: list[str] = []
+    wrapt.register_post_import_hook(lambda module: calls.append("wrapt"), name)
+    modules.watch(name, lambda module: calls.append("ours"))
+    assert sys.meta_path[0] is modules.hook and any(type(f).__module__ == "wrapt.importer" for f in sys.meta_path)
+    importlib.import_module(name)
+    assert sorted(calls) == ["ours", "wrapt"]
