@@ -65,6 +65,25 @@ def _patched(report: dict) -> None:
     assert report["passed_through"] and report["calls"] == 1, report
 
 
+@pytest.mark.parametrize("spec", ["file", "find"])
+def test_a_lazily_loaded_target_is_pending_until_its_body_runs_then_patched(spec: str) -> None:
+    """`importlib.util.LazyLoader` (scientific Python's `lazy_loader`): before the module's first use
+    its row says `pending`, not imported, and nothing is warned; its first use runs the body, and the
+    next import patches it. On 3.12+ `LazyLoader.exec_module` imports `threading` with the module in
+    sys.modules and its body not run: the hook fired then, status said `absent`, a user target was
+    warned about, and with a spec from `spec_from_file_location` it stayed unpatched for good."""
+    proc = _python(str(HERE / "lazy_probe.py"), "--spec", spec)
+    report = json.loads(proc.stdout.splitlines()[-1])
+    assert report["python"] == list(sys.version_info[:2])
+    if sys.version_info >= (3, 12):
+        assert not report["threading_before"], "threading was loaded already: the 3.12+ case did not happen"
+    assert (report["before"]["state"], report["before"]["imported"]) == ("pending", False), report["before"]
+    assert "te_offload_shim" not in proc.stderr, proc.stderr
+    assert (report["after"]["state"], report["layers"]) == ("patched", 1), report
+    # through our finder the lazy load runs our chained loader, which patches before the first call
+    assert report["passed_through"] and report["calls"] == (2 if spec == "find" else 1), report
+
+
 def test_every_module_compiles_on_this_python() -> None:
     modules = sorted(PACKAGE.rglob("*.py"))
     assert len(modules) > 20
