@@ -13,8 +13,13 @@ echo "--- ruff, ruff format, mypy, lint-imports"
 .venv/bin/mypy  # pyproject.toml [tool.mypy] files: the package, tests (less tests/mirrors), harness, benchmarks, demo
 .venv/bin/lint-imports --no-cache  # the layer contracts, pyproject.toml [tool.importlinter] (docs/architecture.md)
 echo "--- the suite (pytest -n 2)"
-# loadgroup: the tests of one xdist_group (tests/te/test_te_real.py, which share one probe run) on one worker
-.venv/bin/python -m pytest -n 2 --dist loadgroup -q --durations=25 "$@"  # the slowest 25, for the CI budget
+runtime_lines=$(mktemp)  # tests/tools/test_code_budget.py writes what a training process loaded there
+trap 'rm -f "$runtime_lines"' EXIT
+# loadgroup: the tests of one xdist_group (tests/te/test_te_real.py, which share one probe run) on one worker;
+# --durations=25: the slowest 25, for the CI budget
+TEST_RUNTIME_CODE_LINES="$runtime_lines" .venv/bin/python -m pytest -n 2 --dist loadgroup -q --durations=25 "$@"
+echo "--- code lines: the runtime a training process loads (a gate) and the package (a ceiling), docs/testing.md"
+.venv/bin/python scripts/codelines.py --report "$runtime_lines"
 if [[ $# -eq 0 ]]; then
   WRAPPER_TESTS=(tests/hostile/test_wrapper_transparency.py tests/engine/test_import_order.py
     tests/integrations/test_verl.py::test_shim_imported_before_verl)

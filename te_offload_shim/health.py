@@ -43,7 +43,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
     rows = [{**row, **live[row["name"]]} for row in rows]  # what is installed, and status()'s row (states.TargetRow)
     found, namesakes = versions.versions()
     report: dict[str, Any] = {
-        "schema_version": 2,  # of `status --json`: 2 added schema_version, strict_failures, status()'s keys in each row
+        "schema_version": 2,  # of `status --json` (docs/api.md); CHANGELOG.md says what each version changed
         "shim": {
             "version": te_offload_shim.__version__,
             "path": os.path.dirname(os.path.abspath(te_offload_shim.__file__)),

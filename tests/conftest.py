@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import child_outcome, node_ids, set_up
+from support import bare_venv, child_outcome, node_ids, set_up
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
@@ -225,6 +225,12 @@ def mirror_env(*roots: str) -> dict[str, str]:
 def use_mirrors(*roots: str) -> None:
     """Put the mirrors (and `roots` in front of them) on this interpreter's path."""
     sys.path[:0] = [str(MIRRORS / r) for r in roots] + [str(MIRRORS)]
+
+
+@pytest.fixture(scope="module")
+def checkout_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of a venv that sees only this checkout, wrapt and packaging (support/bare_venv.py)."""
+    return bare_venv.checkout_venv(tmp_path_factory.mktemp("venv"))
 
 
 @pytest.fixture(scope="session")

@@ -235,7 +235,6 @@ class _Walk:
                 self.found[category].append((node, attribute, key, t))
 
     def run(self, models: object, report: ResidueReport, top: int) -> None:
-        # Labels are kept as (name, key) until a holder is reported. The walk is the clearing's (te/walk.py).
         chunks, refused = as_chunks(models)  # never iterates what the offload will iterate
         if refused is not None:
             report.errors.append(f"models not inspected: {refused}")

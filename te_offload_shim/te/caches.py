@@ -1,25 +1,14 @@
 """Transformer Engine's cached quantized weights: find them, count their bytes, drop them.
 
-This and the modules beside it are the only place where the shim touches TE internals. They know
-TE's layouts by release (`layouts`) and whether a chunk is CUDA-graphed (`graphs`: TE's marks, and
-the framework's `GraphMarks` the caller hands down), and nothing of verl, Ray or wrapt. They read no
-switch either: the entry that calls them (the API, the wrapped offload's handler, the flush net)
-resolves strict mode and the marks, so every entry decides both the same way. Nothing here
-imports torch or TE: it works on the objects it is given, with torch taken from `sys.modules` (if
-torch is not imported, there is nothing to clear).
+This and the modules beside it are the only place where the shim touches TE internals, and they
+know nothing of verl, Ray or wrapt. They read no switch either: the entry that calls them (the API,
+the wrapped offload's handler, the flush net) resolves strict mode and the graph marks, so every
+entry decides both the same way. Nothing here imports torch or TE: torch is taken from
+`sys.modules` (if it is not imported, there is nothing to clear).
 
-One call: the chunks in `models` (`chunks.as_chunks`, the policy the residue report shares; the
-wrapped offload's handler splits them once and hands them to `clear_chunks`), for each chunk one
-walk over its modules (`walk`, the pass the residue report shares), then per chunk: report what cannot be read and the
-TE < 1.8 caches left in place, count (and drop, where TE rebuilds them) the FP8 primary weights'
-copies (`primary`), count the layers whose caching is off by configuration (`caching_off`), leave a
-CUDA-graphed chunk alone, and take the workspaces of the others. The bytes of everything taken are
-counted once, together, at the end of the call (`sizes`).
-
-The call's state (torch, whether it clears, the marks, its report, what it took) is one `_Call`.
-Per entry the call keeps no object the cyclic collector tracks (no tuple or dict per layer or per
-entry: a few lists per call, and plain ints), so that clearing a model of 100,000 TE layers triggers
-no collection of its own (benchmarks/walk.py, "collector left on"; the collector is left alone).
+A call (`_Call`) keeps no object per layer or per entry that the cyclic collector tracks, only a few
+lists and plain ints: on a large model such objects would set off collections of their own
+(BENCHMARKS.md, "The clearing walk with the collector on").
 """
 
 from __future__ import annotations
@@ -90,8 +79,7 @@ def clear_chunks(
     The cyclic collector is left as the application has it. Switching it off for the call spares
     the collections that the walk's allocations trigger on a model of a million modules, but
     switching it back on afterwards would undo an application that turned it off for good meanwhile
-    (Megatron's manual GC does, on another thread), and no check can tell the two apart. What that
-    costs is measured in benchmarks/walk.py ("collector left on")."""
+    (Megatron's manual GC does, on another thread), and no check can tell the two apart."""
     torch = sys.modules.get("torch")  # None: not imported, so `chunks` is empty (`chunks.as_chunks`)
     report = CacheReport(cleared=clear)
     before = _allocated(torch) if clear else None

@@ -1,8 +1,6 @@
 """The chunk policy: which model chunks a call's `models` argument holds, shared by the clearing
-(`caches`) and the residue report, so that both look into exactly the same things.
-
-Only a module (one chunk), a list or a tuple (subclasses too) are looked into. torch is taken from
-`sys.modules`: if it is not imported, there is no module to find.
+(`caches`) and the residue report, so that both look into exactly the same things. torch is taken
+from `sys.modules`: if it is not imported, there is no module to find.
 """
 
 from __future__ import annotations

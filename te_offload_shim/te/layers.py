@@ -16,10 +16,10 @@ from typing import Any
 from te_offload_shim._reload import kept
 
 # Kept by a reload of this module (`kept`): the layers noted before it are still live.
-# id(layer) -> weak reference, in the order the layers were built: a flush visits them in that order,
-# which is the order their objects lie in memory (visited in hash order, the same walk costs several
-# times more, in cache misses). Edited only by single dict operations, each atomic under the GIL, so
-# a flush on one thread may read it while another builds a layer (`live` iterates a copy).
+# id(layer) -> weak reference, in build order: a flush visits the layers in the order their objects
+# lie in memory, which misses the CPU cache far less than hash order. Edited only by single dict
+# operations, each atomic under the GIL, so a flush on one thread may read it while another builds a
+# layer (`entries` copies it).
 _refs: dict[int, _Ref] = kept(globals(), "_refs", dict)
 
 

@@ -12,11 +12,10 @@ from te_offload_shim.te.walk import child_modules
 
 
 class Names:
-    """Names of a chunk's modules for skip and error records, as `named_modules()` gives them.
-
-    Worked out only when a record needs one, and without recursion: `named_modules()` recurses, so
-    it raises RecursionError on a tree deeper than the recursion limit. One pass stores each
-    module's parent link; a name is then put together by following the links up."""
+    """A module's name is worked out only when a record needs one, and without recursion:
+    `named_modules()` recurses, so it raises RecursionError on a tree deeper than the recursion
+    limit. One pass stores each module's parent link; a name is then put together by following the
+    links up."""
 
     def __init__(self, index: int, chunk: Any) -> None:
         self.prefix = f"chunk{index}"

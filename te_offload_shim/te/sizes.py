@@ -162,9 +162,9 @@ def storages(values: Any, torch: Any) -> dict[int, int]:
     """Unique storages holding `values`: {address: nbytes}.
 
     Keyed by address alone: CUDA's unified virtual addressing gives host and every device
-    disjoint addresses, so an address names one storage in the process. The loops run in C (map),
-    not bytecode, and call torch's C methods unbound (`TensorBase.untyped_storage`...): no method
-    lookup and no bound method per tensor, a quarter of this function's time (benchmarks/walk.py)."""
+    disjoint addresses, so an address names one storage in the process. This runs per inner tensor
+    of every cache entry at every offload: the loops run in C (`map`) over torch's C methods, unbound
+    (`TensorBase.untyped_storage`...), so no method is looked up or bound per tensor."""
     storage = torch._C.StorageBase
     held = list(map(torch._C.TensorBase.untyped_storage, _tensors(values, torch)))
     found = dict(zip(map(storage.data_ptr, held), map(storage.nbytes, held), strict=True))
@@ -172,10 +172,9 @@ def storages(values: Any, torch: Any) -> dict[int, int]:
     return found
 
 
-# Values opened per pass of `count`: a pass makes several sweeps over its inner tensors (their
-# types, their storages, the storages' addresses and sizes), each sweep in C; small enough that the
-# later sweeps find the tensors still in the CPU cache (benchmarks/walk.py: 256 beats 2048 and one
-# pass over all), big enough that the bytecode per pass is amortised.
+# Values opened per pass of `count`: a pass makes several sweeps over its inner tensors, each in C;
+# small enough that the later sweeps find the tensors still in the CPU cache, big enough that the
+# bytecode per pass is amortised (BENCHMARKS.md, the clearing walk's open item).
 STEP = 256
 
 
@@ -185,10 +184,8 @@ def count(values: Any, params: Any, torch: Any) -> tuple[int, int]:
 
     The second figure is the entries' own tensors' bytes (`nbytes`), not their storage's: an entry
     that is a view into a megatron DDP bucket shares the bucket, and the bucket is not the entry's.
-    This runs for every cache entry of a model at every offload (benchmarks/walk.py): the per-tensor
-    calls run in `map`, the values of one call are counted together (caches._Call), `STEP` at a
-    time into one table, which de-duplicates storages across the passes as it fills. The values
-    are all alive until this returns, so an address cannot be reused in between."""
+    One table for all passes de-duplicates storages across them; the values are all alive until this
+    returns, so an address cannot be reused in between."""
     found: dict[int, int] = {}
     for i in range(0, len(values), STEP):
         found.update(storages(values[i : i + STEP], torch))
@@ -202,6 +199,5 @@ def count(values: Any, params: Any, torch: Any) -> tuple[int, int]:
         shared = found.keys() & set(map(torch._C.StorageBase.data_ptr, held))
     if not shared:
         return sum(found.values()), 0
-    # each view once: (address, bytes)
     views = {(t.data_ptr(), t.nbytes) for t in _tensors(values, torch) if t.untyped_storage().data_ptr() in shared}
     return sum(v for k, v in found.items() if k not in shared), sum(nbytes for _, nbytes in views)

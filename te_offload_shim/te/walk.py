@@ -8,9 +8,8 @@ Instance dicts only: `getattr(module, "_fp8_workspaces", None)` on a non-TE modu
 
 What the pass keeps is a few lists per call, position by position (a module in one, its dict at the
 same place in the next), never a tuple per module: a tuple that lives until the call ends counts
-toward the cyclic collector's next collection, and on a model of 100,000 TE layers one per layer
-triggers hundreds of them (benchmarks/walk.py, "collector left on"). `zip` over two of them makes
-no tuple per step either (it reuses its own).
+toward the cyclic collector's next collection, and one per layer of a large model sets off many
+(BENCHMARKS.md, "The clearing walk with the collector on"). `zip` over two lists reuses its tuple.
 """
 
 from __future__ import annotations

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
-from conftest import DEPS, REPO, child_env
-from support.bare_venv import install_packaging
+from conftest import REPO, child_env
 
 EXITS = """\
 import argparse
@@ -28,18 +25,6 @@ FINE = "def offload(models):\n    return models\n"
 TARGETS = "exits_at_import:offload,imports_fine:offload"
 
 
-@pytest.fixture(scope="module")
-def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An interpreter without torch and the frameworks (whose imports `--import` would run, about 5 s
-    each time): a venv that sees only this checkout and wrapt."""
-    root = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    (site,) = root.glob("lib/python3.*/site-packages")
-    (site / "checkout.pth").write_text(f"{REPO}\n{DEPS / 'wrapt-1'}\n")
-    install_packaging(site)
-    return root / "bin" / "python"
-
-
 def _status(python: Path, folder: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     (folder / "exits_at_import.py").write_text(EXITS)
     (folder / "imports_fine.py").write_text(FINE)
@@ -49,9 +34,9 @@ def _status(python: Path, folder: Path, *flags: str) -> subprocess.CompletedProc
 
 
 def test_a_target_module_that_exits_at_import_is_reported_and_the_others_are_checked(
-    python: Path, tmp_path: Path
+    checkout_python: Path, tmp_path: Path
 ) -> None:
-    proc = _status(python, tmp_path, "--json")
+    proc = _status(checkout_python, tmp_path, "--json")
     assert proc.stdout, f"nothing on stdout (exit {proc.returncode}); stderr: {proc.stderr!r}"
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, proc.stderr
@@ -64,8 +49,8 @@ def test_a_target_module_that_exits_at_import_is_reported_and_the_others_are_che
     assert any("usage: train.py" in line for line in report["import_output"])
 
 
-def test_the_human_report_names_the_exit_and_ends_with_the_verdict(python: Path, tmp_path: Path) -> None:
-    proc = _status(python, tmp_path)
+def test_the_human_report_names_the_exit_and_ends_with_the_verdict(checkout_python: Path, tmp_path: Path) -> None:
+    proc = _status(checkout_python, tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines and lines[0].startswith("te-offload-shim "), proc.stdout

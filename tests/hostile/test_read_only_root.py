@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import DEPS, REPO, child_env
-from support.bare_venv import install_packaging
+from conftest import REPO, child_env
 
 TARGETS = Path(__file__).resolve().parent / "targets"
 
@@ -31,20 +29,9 @@ def _read_only(*command: str, env: dict[str, str]) -> subprocess.CompletedProces
     return proc
 
 
-@pytest.fixture(scope="module")
-def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An interpreter without torch and the frameworks: a venv seeing only this checkout and wrapt."""
-    root = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    (site,) = root.glob("lib/python3.*/site-packages")
-    (site / "checkout.pth").write_text(f"{REPO}\n{DEPS / 'wrapt-1'}\n")
-    install_packaging(site)
-    return root / "bin" / "python"
-
-
-def test_every_command_on_a_read_only_root_file_system(python: Path) -> None:
+def test_every_command_on_a_read_only_root_file_system(checkout_python: Path) -> None:
     env = child_env({"TE_OFFLOAD_SHIM_TARGETS": "noisy_import:offload"}, path=[TARGETS])
-    cli = [str(python), "-m", "te_offload_shim"]
+    cli = [str(checkout_python), "-m", "te_offload_shim"]
     proc = _read_only(*cli, "status", "--import", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
@@ -53,7 +40,7 @@ def test_every_command_on_a_read_only_root_file_system(python: Path) -> None:
     proc = _read_only(*cli, "status", env=env)
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1] == "healthy", proc.stderr
     probe = REPO / "tests" / "run_files" / "enable_probe.py"
-    proc = _read_only(*cli, "run", "--", str(python), str(probe), env=child_env())
+    proc = _read_only(*cli, "run", "--", str(checkout_python), str(probe), env=child_env())
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert json.loads(proc.stdout)["installed"] is True, "run's bootstrap activates the shim there too"
     proc = _read_only(*cli, "enable", env=env)

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DEPS, REPO, child_env
-from support.bare_venv import install_packaging
+from conftest import REPO, child_env
 
 TARGETS = Path(__file__).resolve().parent / "targets"
 NOISE = [
@@ -24,26 +22,14 @@ NOISE = [
 ]
 
 
-@pytest.fixture(scope="module")
-def python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An interpreter without torch and the frameworks (whose imports `--import` would otherwise run,
-    about 5 s each time): a venv seeing only this checkout and wrapt."""
-    root = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    (site,) = root.glob("lib/python3.*/site-packages")
-    (site / "checkout.pth").write_text(f"{REPO}\n{DEPS / 'wrapt-1'}\n")
-    install_packaging(site)
-    return root / "bin" / "python"
-
-
 def _status(python: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     env = child_env({"TE_OFFLOAD_SHIM_TARGETS": "noisy_import:offload"}, path=[TARGETS])
     command = [str(python), "-m", "te_offload_shim", "status", "--import", *flags]
     return subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=120)
 
 
-def test_status_import_json_is_one_json_document_whatever_the_imports_print(python: Path) -> None:
-    proc = _status(python, "--json")
+def test_status_import_json_is_one_json_document_whatever_the_imports_print(checkout_python: Path) -> None:
+    proc = _status(checkout_python, "--json")
     try:
         report = json.loads(proc.stdout)
     except ValueError:
@@ -54,8 +40,8 @@ def test_status_import_json_is_one_json_document_whatever_the_imports_print(pyth
     assert row["state"] == "patched" and row["import_error"] is None
 
 
-def test_status_import_shows_what_the_imports_printed_after_the_report(python: Path) -> None:
-    lines = _status(python).stdout.splitlines()
+def test_status_import_shows_what_the_imports_printed_after_the_report(checkout_python: Path) -> None:
+    lines = _status(checkout_python).stdout.splitlines()
     assert lines[0].startswith("te-offload-shim "), "nothing ahead of the report"
     assert lines[-1] == "healthy"
     shown = [line.removeprefix("  | ") for line in lines if line.startswith("  | ")]

@@ -1,10 +1,13 @@
-"""Issue 35's budgets, in code lines (scripts/codelines.py: comments and docstrings not counted):
-what a training process loads, measured on a real one, and the whole package."""
+"""Code lines (scripts/codelines.py: comments and docstrings not counted): what a training process
+loads, measured on a real one, is gated; the whole package has a ceiling against bloat. Neither is a
+target. The runtime's measurement is written where `TEST_RUNTIME_CODE_LINES` says, for CI to print."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +21,7 @@ _spec = importlib.util.spec_from_file_location(
 assert _spec is not None and _spec.loader is not None
 codelines = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(codelines)
-RUNTIME_BUDGET, PACKAGE_BUDGET, code_lines = codelines.RUNTIME_BUDGET, codelines.PACKAGE_BUDGET, codelines.code_lines
+RUNTIME_GATE, PACKAGE_CEILING, code_lines = codelines.RUNTIME_GATE, codelines.PACKAGE_CEILING, codelines.code_lines
 # What a person runs, never a training process (pyproject.toml's contract "the runtime imports none
 # of the tools" keeps the runtime's imports away from them)
 TOOLS = (
@@ -81,11 +84,26 @@ def test_a_training_process_loads_no_tool() -> None:
 
 
 @pytest.mark.subprocess(verl="0.8.0", timeout=300)
-def test_what_a_training_process_loads_is_within_its_budget() -> None:
-    total = sum(_a_training_process().values())
-    assert total <= RUNTIME_BUDGET, f"the runtime is {total} code lines, over its budget of {RUNTIME_BUDGET}"
+def test_what_a_training_process_loads_is_within_its_gate() -> None:
+    loaded = _a_training_process()
+    if os.environ.get(codelines.RUNTIME_REPORT):  # scripts/test.sh prints it after the suite
+        Path(os.environ[codelines.RUNTIME_REPORT]).write_text(json.dumps(loaded), encoding="utf-8")
+    total = sum(loaded.values())
+    assert total <= RUNTIME_GATE, f"the runtime is {total} code lines, over its gate of {RUNTIME_GATE}"
 
 
-def test_the_package_within_its_budget() -> None:
+def test_the_package_is_under_its_ceiling() -> None:
     total = sum(code_lines(p) for p in codelines.package_files())
-    assert total <= PACKAGE_BUDGET, f"the package is {total} code lines, over its budget of {PACKAGE_BUDGET}"
+    assert total <= PACKAGE_CEILING, f"the package is {total} code lines, over its ceiling of {PACKAGE_CEILING}"
+
+
+def test_the_report_ci_prints_says_both_counts_and_their_limits(tmp_path: Path) -> None:
+    measured = tmp_path / "runtime.json"
+    measured.write_text(json.dumps({"te_offload_shim": 40, "te_offload_shim.engine.net": 2}), encoding="utf-8")
+    package = sum(code_lines(p) for p in codelines.package_files())
+    assert codelines.report(str(measured)).splitlines() == [
+        "runtime: 42 code lines in 2 modules, what a verl 0.8.0 training process loads (gate: 2,500)",
+        f"package: {package:,} code lines in {len(codelines.package_files())} files (ceiling: 4,600)",
+    ]
+    measured.write_text("", encoding="utf-8")  # the suite ran without the runtime's test
+    assert codelines.report(str(measured)).startswith("runtime: not measured in this run")

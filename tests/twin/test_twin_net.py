@@ -44,6 +44,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from support.set_up import needs
 
 REPO = Path(__file__).resolve().parents[2]
 VERL = "0.8.0"
@@ -318,8 +319,7 @@ def _zero3() -> Any:
     shared-memory all-reduce is compiled at the first `init_distributed` (about two minutes here) and
     a world of one never calls it: it is marked not compatible, DeepSpeed's own path where it cannot
     build (deepspeed/comm/torch.py `build_shm_op` then returns None)."""
-    if not DEEPSPEED.is_dir():
-        pytest.skip(f"{DEEPSPEED.relative_to(REPO)} is missing: run scripts/setup-env.sh")
+    needs(DEEPSPEED / "deepspeed", f"DeepSpeed 0.19.8 not installed in {DEEPSPEED.relative_to(REPO)}")
     sys.path.insert(0, str(DEEPSPEED))
     import torch.distributed as dist
 
