@@ -3,8 +3,8 @@ offloaded, in verl < 0.9, Megatron's own offload and the other Megatron RL frame
 
 `import te_offload_shim` installs the shim: it watches for the target modules and wraps their
 offload functions when they are imported. `TE_OFFLOAD_SHIM=0` turns the package into a no-op.
-`uninstall`, `status`, `stats`, `scan`, `clear_fp8_workspaces`, `residue` and `ray_setup` are
-defined in `te_offload_shim.api` and exported here.
+`install`, `installed` and `ray_setup` are defined here; `uninstall`, `status`, `stats`, `scan`,
+`clear_fp8_workspaces` and `residue` in `te_offload_shim.api`, exported here.
 
 This module is the facade: it installs the one import hook (`_hook.HOOK`, which owns the install
 state) and names, as `module:function` strings, what runs later, so that start-up loads nothing but
@@ -15,18 +15,18 @@ when a target module is, or when a public name is first read.
 import os
 
 from te_offload_shim._hook import HOOK, resolve
+from te_offload_shim._version import __version__ as __version__
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     # The one import of a layer above start-up, for type checkers only (pyproject.toml's contracts
     # list it): `__getattr__` loads the real functions on first use.
-    from te_offload_shim.api import clear_fp8_workspaces, ray_setup, residue, scan, stats, status, uninstall
+    from te_offload_shim.api import clear_fp8_workspaces, residue, scan, stats, status, uninstall
     from te_offload_shim.engine.states import Stats, Status, TargetRow, TargetState
     from te_offload_shim.reports.residue import ResidueReport
     from te_offload_shim.te.report import CacheReport, ShimError, Skipped
 
 
-__version__ = "0.8.0.dev0"
 __all__ = [
     "CacheReport",
     "ResidueReport",
@@ -116,11 +116,23 @@ def installed() -> bool:
     return HOOK.installed
 
 
+def ray_setup() -> None:
+    """For `runtime_env={"worker_process_setup_hook": "te_offload_shim.ray_setup"}`. Never raises:
+    a raising setup hook kills the Ray worker."""
+    try:
+        install()
+    except Exception as exc:  # install() itself fails open: this is the last guard
+        try:
+            resolve("te_offload_shim._log:warn_once")("ray-setup", "te_offload_shim: ray_setup failed: %r", exc)
+        except Exception:  # not even logging may fail the worker
+            pass
+
+
 # --- the rest of the public names: loaded on first use (PEP 562) ----------------------------------
 
 _API = "te_offload_shim.api"
 EXPORTS = {
-    **dict.fromkeys(("uninstall", "clear_fp8_workspaces", "ray_setup", "residue", "scan", "stats", "status"), _API),
+    **dict.fromkeys(("uninstall", "clear_fp8_workspaces", "residue", "scan", "stats", "status"), _API),
     **dict.fromkeys(("CacheReport", "Skipped", "ShimError"), "te_offload_shim.te.report"),
     "ResidueReport": "te_offload_shim.reports.residue",
     **dict.fromkeys(("Status", "Stats", "TargetRow", "TargetState"), "te_offload_shim.engine.states"),

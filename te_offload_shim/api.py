@@ -1,5 +1,5 @@
 """The functions a user calls: `uninstall`, `status`, `stats`, `scan`, `clear_fp8_workspaces`,
-`residue`, `ray_setup`; and `all_targets`, for `status` and the health report only (integrations/table.py's,
+`residue`; and `all_targets`, for `status` and the health report only (integrations/table.py's,
 where the watch table's callback for the table's modules lives: a training process never loads this
 module for it; it returns the engine's `Target`, which is no public type: the package does not export
 it, and `status()`'s rows say the same to a user).
@@ -54,7 +54,7 @@ def status() -> Status:
     """What this process has: switches, and for each target whether it is imported and patched.
     Reads only: it never patches (a target module whose callback failed is patched again only when
     its module is re-imported or reloaded)."""
-    from te_offload_shim import __version__
+    from te_offload_shim._version import __version__
     from te_offload_shim.engine.status import status as status_
 
     failures = dict(HOOK.errors)
@@ -97,19 +97,3 @@ def residue(models: object, *, device_type: str | None = None) -> ResidueReport:
     from te_offload_shim.reports.residue import residue as residue_
 
     return residue_(models, device_type=device_type)
-
-
-def ray_setup() -> None:
-    """For `runtime_env={"worker_process_setup_hook": "te_offload_shim.ray_setup"}`. Never raises:
-    a raising setup hook kills the Ray worker."""
-    try:
-        from te_offload_shim import install
-
-        install()
-    except Exception as exc:  # pragma: no cover - install() itself fails open
-        try:
-            from te_offload_shim._log import warn_once
-
-            warn_once("ray-setup", "te_offload_shim: ray_setup failed: %r", exc)
-        except Exception:  # not even logging may fail the worker
-            pass

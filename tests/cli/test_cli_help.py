@@ -20,10 +20,10 @@ def test_version_names_the_code() -> None:
     """The one version source, which pyproject.toml reads too (read as text: importing would
     install); the commit where the package runs from a git checkout; between releases (the
     CHANGELOG's newest section unreleased) a development version of that release."""
-    source = (REPO / "te_offload_shim" / "__init__.py").read_text()
+    source = (REPO / "te_offload_shim" / "_version.py").read_text()
     version = re.search(r'^__version__ = "([^"]+)"$', source, re.M)
     assert version is not None
-    assert 'version = { attr = "te_offload_shim.__version__" }' in (REPO / "pyproject.toml").read_text()
+    assert 'version = { attr = "te_offload_shim._version.__version__" }' in (REPO / "pyproject.toml").read_text()
     expected = f"te-offload-shim {version.group(1)}"
     if (REPO / ".git").exists():
         git = ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]

@@ -17,6 +17,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import te_offload_shim
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.modules[name] = module
     spec.loader.exec_module(module)
 
-    def row() -> dict:
+    def row() -> Any:
         return next(r for r in te_offload_shim.status()["targets"] if r["target"] == "smoke_target:offload")
 
     before = row()

@@ -27,10 +27,10 @@ TARGET = "smoke_target:offload"
 
 
 def _version() -> str:
-    for line in (PACKAGE / "__init__.py").read_text().splitlines():
+    for line in (PACKAGE / "_version.py").read_text().splitlines():
         if line.startswith("__version__ = "):
             return line.split('"')[1]
-    raise AssertionError("no __version__ line in te_offload_shim/__init__.py")
+    raise AssertionError("no __version__ line in te_offload_shim/_version.py")
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -16,7 +16,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "te_offload_shim"
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
-START_UP = {"te_offload_shim", "te_offload_shim._hook"}
+START_UP = {"te_offload_shim", "te_offload_shim._hook", "te_offload_shim._version"}
 
 
 def test_the_start_up_path_watches_exactly_the_modules_of_the_table() -> None:
