@@ -69,9 +69,21 @@ def _handlers() -> list[logging.Handler]:
 
 
 def _names_shown() -> bool:
-    """Whether a handler the records reach prints the logger's name (`%(name)s`, `{name}`)."""
-    formats = [str(getattr(handler.formatter, "_fmt", "") or "") for handler in _handlers()]
-    return any("%(name)" in fmt or "{name" in fmt for fmt in formats)
+    """Whether a handler the records reach prints the logger's name. Each handler's formatter is asked
+    with a record under a name no message holds: its format string is no public attribute, and
+    `%`, `{` and `$` styles (or a formatter of the application's own) each spell the name another way."""
+    for handler in _handlers():
+        probe = logging.LogRecord(_PROBE, logging.INFO, "", 0, "", None, None)
+        try:
+            if _PROBE in (handler.formatter or _PLAIN).format(probe):
+                return True
+        except Exception:  # a formatter that cannot format our probe: it shows no name of ours either
+            continue
+    return False
+
+
+_PROBE = "te_offload_shim.name-probe"
+_PLAIN = logging.Formatter()  # what a handler without a formatter formats with
 
 
 def _own_handler_if_none() -> None:

@@ -128,8 +128,13 @@ def _without_pytests_handlers() -> None:
 
 
 @pytest.mark.subprocess(env={**TARGET, "RANK": "1"})
-def test_a_name_format_shows_the_name_once(capfd: pytest.CaptureFixture[str]) -> None:
-    logging.basicConfig(format="%(name)s: %(message)s", level=logging.INFO, force=True)
+@pytest.mark.parametrize(
+    ("style", "fmt"), [("%", "%(name)s: %(message)s"), ("{", "{name}: {message}"), ("$", "$name: $message")]
+)
+def test_a_name_format_shows_the_name_once(capfd: pytest.CaptureFixture[str], style: str, fmt: str) -> None:
+    """In every format style: the formatter is asked, not its format string read (a `$name` format
+    printed the name twice)."""
+    logging.basicConfig(format=fmt, style=style, level=logging.INFO, force=True)  # type: ignore[arg-type]
     _offload_twice()
     (line,) = capfd.readouterr().err.splitlines()
     assert line.startswith("te_offload_shim: [rank 1] shim_targets:offload: cleared 1 FP8 weight workspaces")
