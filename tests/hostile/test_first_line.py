@@ -134,7 +134,7 @@ def _without_pytests_handlers() -> None:
 def test_a_name_format_shows_the_name_once(capfd: pytest.CaptureFixture[str], style: str, fmt: str) -> None:
     """In every format style: the formatter is asked, not its format string read (a `$name` format
     printed the name twice)."""
-    logging.basicConfig(format=fmt, style=style, level=logging.INFO, force=True)  # type: ignore[arg-type]
+    logging.basicConfig(format=fmt, style=style, level=logging.INFO, force=True)  # type: ignore[call-overload]
     _offload_twice()
     (line,) = capfd.readouterr().err.splitlines()
     assert line.startswith("te_offload_shim: [rank 1] shim_targets:offload: cleared 1 FP8 weight workspaces")
