@@ -16,7 +16,8 @@ Only two things are replaced, everything else is the release's own code from its
   sm100 (Blackwell) for MXFP8 and NVFP4; TE's "cuda" allocations land on the CPU (redirect.py).
 
 One release per process: `load` changes torch process-wide. Run it in a fresh interpreter.
-`counters.counting()` counts TE's kernel calls and device allocations (the step-cost benchmark).
+`counters.counting()` counts TE's kernel calls and device allocations (the step-cost benchmark);
+under `host.offloading()` what an offload moves to the host answers as a host tensor (host.py).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import os
 import types
 from typing import Any
 
-from harness.te_twin import counters
+from harness.te_twin import counters, host
 from harness.te_twin.extension import MissingKernel
 
-__all__ = ["MissingKernel", "autocast", "counters", "load", "loaded", "model_init", "release"]
+__all__ = ["MissingKernel", "autocast", "counters", "host", "load", "loaded", "model_init", "release"]
 
 _loaded: tuple[str, int] | None = None
 

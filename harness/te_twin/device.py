@@ -15,7 +15,8 @@ What each answer is, and why:
   around random ops; the ops run on the CPU, so CUDA's generator *is* the CPU's default generator
   (`default_generators`, `get/set_rng_state`, `manual_seed[_all]`);
 - `torch.version.cuda`: a CUDA 12.9 build (TE gates FP8 block scaling on it);
-- `Tensor.is_cuda`: True for a CPU tensor (TE 2.9+ refuses inputs that are not on the GPU).
+- `Tensor.is_cuda`: True for a CPU tensor (TE 2.9+ refuses inputs that are not on the GPU), but
+  for a tensor an offload moved to the host (host.py), which answers False as on a GPU.
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ def install(sm: int = 90) -> None:
     global _installed
     import torch
 
+    from harness.te_twin import host
+
     if sm not in ARCHS:
         raise ValueError(f"the twin answers as sm90 or sm100, not sm{sm}")
     if _installed is not None:
@@ -179,8 +182,14 @@ def install(sm: int = 90) -> None:
     cuda.nvtx.range_push = lambda msg: 0  # type: ignore[assignment]
     cuda.nvtx.range_pop = lambda: 0  # type: ignore[assignment]
     torch.version.cuda = CUDA_VERSION  # type: ignore[misc]
-    # TE 2.9+ checks `inp.is_cuda` before a forward: the one device's memory is the CPU's
-    torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cpu", "cuda"))  # type: ignore[assignment,method-assign]
+
+    # TE 2.9+ checks `inp.is_cuda` before a forward: the one device's memory is the CPU's, but for
+    # what an offload moved to the host (host.py)
+    def is_cuda(tensor: Any) -> bool:
+        kind = tensor.device.type
+        return kind == "cuda" or (kind == "cpu" and not host.is_host(tensor))
+
+    torch.Tensor.is_cuda = property(is_cuda)  # type: ignore[assignment,method-assign]
     # torch's device-generic API (2.6+) delegates `is_available` to the answer above, then asks a
     # CUDA build's driver for the current stream (TorchDynamo does at every compile, torch 2.14+):
     # the twin's device has no accelerator there, as a CPU build has none

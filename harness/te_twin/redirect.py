@@ -4,7 +4,8 @@ TE allocates on `device="cuda"` (or `torch.cuda.current_device()`, an int), move
 `.cuda()` / `.to("cuda")` and pins host buffers. On the twin the one device's memory is the CPU's,
 so a `TorchFunctionMode` rewrites those device arguments to the CPU and drops `pin_memory=True`.
 A consequence to keep in mind: host and device are the same memory, so `.cuda()` / `.to("cuda")`
-of a tensor returns that tensor (as torch does for a tensor already on the device), not a copy;
+of a tensor returns that tensor (as torch does for a tensor already on the device), not a copy
+(a tensor an offload moved to the host excepted: host.py);
 `Tensor.pin_memory()` does return a copy, as real pinning does (an offload that pins a host copy
 and then frees the device storage keeps its data).
 
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from harness.te_twin import counters
+from harness.te_twin import counters, host
 
 _CPU = torch.device("cpu")
 _TO = {torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.pin_memory}
@@ -50,28 +51,41 @@ def _cpu_device(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 class ToCPU(TorchFunctionMode):
-    """Every torch call that names the CUDA device gets the CPU instead."""
+    """Every torch call that names the CUDA device gets the CPU instead; while an offload runs under
+    `host.offloading()`, or a tensor it moved to the host lives, host.py answers for the host."""
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        on_device = "device" in kwargs and _is_cuda(kwargs["device"])
-        if func in _TO:
-            if func is torch.Tensor.pin_memory:  # pinning allocates a new host buffer: a copy, never self
-                return args[0].clone()
-            if func is torch.Tensor.cuda:
-                return args[0]
-            args = tuple(_CPU if _is_cuda(a) else a for a in args)
-            kwargs = _cpu_device(kwargs)
-            if len(args) == 1 and not kwargs:  # `.to("cuda")` with nothing else: already there
-                return args[0]
-        elif kwargs:
-            kwargs = _cpu_device(kwargs)
-        out = func(*args, **kwargs)
-        if counters.active and type(out) is torch.Tensor:
-            name = getattr(func, "__name__", "")
-            if name in _FACTORIES and (on_device or (name.endswith("_like") and counters.depth == 0)):
-                counters.allocated(out)
+        if not host.watching():
+            return _answer(func, args, kwargs)
+        out = host.moved(func, args, kwargs, _answer, _is_cuda)
+        if out is host.PASS:
+            out = _answer(func, args, kwargs)
+            if host.scoped():
+                host.made(func, args, kwargs, out, "device" in kwargs and _is_cuda(kwargs["device"]))
         return out
+
+
+def _answer(func: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The call on the CPU, the CUDA device named in it replaced."""
+    on_device = "device" in kwargs and _is_cuda(kwargs["device"])
+    if func in _TO:
+        if func is torch.Tensor.pin_memory:  # pinning allocates a new host buffer: a copy, never self
+            return args[0].clone()
+        if func is torch.Tensor.cuda:
+            return args[0]
+        args = tuple(_CPU if _is_cuda(a) else a for a in args)
+        kwargs = _cpu_device(kwargs)
+        if len(args) == 1 and not kwargs:  # `.to("cuda")` with nothing else: already there
+            return args[0]
+    elif kwargs:
+        kwargs = _cpu_device(kwargs)
+    out = func(*args, **kwargs)
+    if counters.active and type(out) is torch.Tensor:
+        name = getattr(func, "__name__", "")
+        if name in _FACTORIES and (on_device or (name.endswith("_like") and counters.depth == 0)):
+            counters.allocated(out)
+    return out
 
 
 # torch functions that allocate a new tensor (counted by the step-cost benchmark)

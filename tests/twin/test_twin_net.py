@@ -17,19 +17,20 @@ Megatron's schedule, is offloaded after each step by code no row knows, each end
 is declared: only the net can clear. Each run is done twice in one interpreter, the net off
 (`TE_OFFLOAD_SHIM_NET=0`, read at every flush) and on, and compared to the bit.
 
-On the twin every tensor is of the device type (the twin's `is_cuda` is True for its CPU tensors),
-so what is "off" here is what is off on a GPU without leaving the device type: a storage resized to
-zero bytes under the parameter's shape (the DDP buffers' offload), or an empty swap the offload marks
-(SkyRL's LoRA). `param.data.to("cpu")` keeps its bytes on the twin, and AReaL's
-`torch.empty(0, device="cpu")` swap of a chunk without DDP is an empty tensor on the device here,
-which the rule keeps as it keeps a sharding wrapper's reshard (on a GPU both are off the device
-type, tests/te/test_te_placement.py). The reshards themselves: DeepSpeed ZeRO-3 (real 0.19.8) and a
-wrapper that leaves no mark, between microbatches, clear nothing. The flushes are observed by
-a recorder the net wraps (put in place of the twin's no-op before TE is imported): the net runs
-first, and the caller it names is the offload's own.
+On the twin every tensor is of the device type (the twin's `is_cuda` is True for its CPU tensors)
+but what an offload run under `host.offloading()` moves to the host (harness/te_twin/host.py), which
+answers as a host tensor does on a GPU. So both kinds of "off" are shown: a storage resized to zero
+bytes under the parameter's shape (the DDP buffers' offload) or an empty swap the offload marks
+(SkyRL's LoRA), on the device type; and each weight moved to the host (AReaL's
+`torch.empty(0, device="cpu")` swap of a chunk without DDP, verl's `param.data.to("cpu")` of a
+reference chunk, ChatLearn's two releases). Outside that scope an empty CPU swap is an empty tensor
+on the device, which the rule keeps as it keeps a sharding wrapper's reshard. The reshards
+themselves: DeepSpeed ZeRO-3 (real 0.19.8) and a wrapper that leaves no mark, between microbatches,
+clear nothing. The flushes are observed by a recorder the net wraps (put in place of the twin's
+no-op before TE is imported): the net runs first, and the caller it names is the offload's own.
 
 One release and one recipe (TE 2.20.2, delayed scaling: the recipe under which a cache dropped
-mid-step would change the numbers); about 25 s of CPU in all.
+mid-step would change the numbers); about 35 s of CPU in all.
 """
 
 from __future__ import annotations
@@ -249,15 +250,12 @@ def _resized_away(t: Any) -> Any:
 
 
 @twin
-def test_skyrl_lora_offload_and_a_chunk_without_ddp_are_cleared_and_a_layer_half_on_the_device_is_not() -> None:
+def test_skyrl_lora_offload_is_cleared_and_a_layer_half_on_the_device_is_not() -> None:
     """SkyRL's `is_lora=True` (the buffers stay, the frozen TE weights become zero-byte tensors on
-    CUDA): 0 caches at its flush, training bit-identical to the net off. AReaL's release of a chunk
-    without DDP (a reference model, forward only): its CPU swap is an empty tensor on the twin's
-    device, kept as a reshard would be (off the device type on a GPU). A layer with one weight left on the device keeps
-    its cache while the layer beside it, wholly off, loses its own in the same flush."""
+    CUDA): 0 caches at its flush, training bit-identical to the net off. A layer with one weight left
+    on the device keeps its cache while the layer beside it, wholly off, loses its own in the same flush."""
     shim = _start()
     import torch
-    from areal.engine.weight_update.awex.megatron import MegatronColocateBackend
     from forks import skyrl_megatron_utils as skyrl
 
     from harness import gpt_on_twin as gpt
@@ -286,15 +284,7 @@ def test_skyrl_lora_offload_and_a_chunk_without_ddp_are_cleared_and_a_layer_half
 
     with _net(True):
         ref = gpt.build(FP8, layers=LAYERS, wrap=False)
-        backend = MegatronColocateBackend(SimpleNamespace(model=[ref], device="cuda"))
         with _flushes([ref]) as seen:
-            gpt.train_step(ref, 0, forward_only=True)
-            assert gpt.te_float8_entries([ref]) == ENTRIES
-            backend.release_memory(["weights"])
-            assert seen == [ENTRIES], "on the twin AReaL's CPU swap is an empty tensor on the device: kept"
-            backend.resume_memory(["weights"])
-
-            seen.clear()
             gpt.train_step(ref, 1, forward_only=True)
             layer = ref.decoder.layers[0].mlp
             half, whole = layer.linear_fc1, layer.linear_fc2  # LayerNormLinear, Linear
@@ -307,6 +297,127 @@ def test_skyrl_lora_offload_and_a_chunk_without_ddp_are_cleared_and_a_layer_half
             assert half.__dict__["_fp8_workspaces"] and not whole.__dict__["_fp8_workspaces"]
             half.weight.data = kept
     assert shim.stats()["calls"] == 0, "no table row cleared anything"
+
+
+def _host_offloads() -> list[tuple[str, Callable[[Any], None], Callable[[Any], None]]]:
+    """(name, offload ending in a flush, reload) for the paths that move each weight of a chunk
+    without DDP (a reference model) to the host; the offload runs under the twin's host scope."""
+    import torch
+    from areal.engine.weight_update.awex.megatron import MegatronColocateBackend
+    from chatlearn.models.megatron.memory_manager.inference import InferenceMemoryManager
+
+    from harness.fork_copy import load_as
+    from harness.te_twin import host
+
+    fork = sys.modules.get(FORK) or load_as(REPO / ".deps" / f"verl-{VERL}" / "verl/utils/megatron_utils.py", FORK)
+    backends: dict[int, Any] = {}
+
+    def areal(ref: Any) -> Any:
+        return backends.setdefault(id(ref), MegatronColocateBackend(SimpleNamespace(model=[ref], device="cuda")))
+
+    def areal_offload(ref: Any) -> None:
+        with host.offloading():
+            areal(ref).release_memory(["weights"])
+
+    def verl_offload(ref: Any) -> None:
+        with host.offloading():
+            fork.offload_megatron_model_to_cpu([ref])
+
+    def chatlearn_offload(ref: Any) -> None:
+        with host.offloading():
+            InferenceMemoryManager([ref]).offload_weights()
+            torch.cuda.empty_cache()  # its caller's flush (TorchModule.offload)
+
+    def chatlearn_reload(ref: Any) -> None:  # the mirror has no onload: each weight back to the device
+        for p in ref.parameters():
+            p.data = p.data.to("cuda", non_blocking=True)
+
+    return [
+        ("areal", areal_offload, lambda ref: areal(ref).resume_memory(["weights"])),
+        ("verl-fork", verl_offload, lambda ref: fork.load_megatron_model_to_gpu([ref])),
+        ("chatlearn-inference", chatlearn_offload, chatlearn_reload),
+    ]
+
+
+@twin
+def test_offloads_that_move_each_weight_to_the_host_are_cleared_at_their_flush_bit_identical_to_the_net_off() -> None:
+    """The most common offload in the field moves each weight to the host, where on a GPU it is off
+    the device type; on the twin it answers so when the offload's own code moved it there
+    (`host.offloading()`, harness/te_twin/host.py). A trained DDP chunk: ChatLearn's trainer
+    release (its flat buffers copied to a CPU store and resized away, every parameter's data
+    `torch.Tensor()`), its caller's flush, its reload, 3 steps. A reference chunk without DDP,
+    forward only, one path per step: AReaL's release (`torch.empty(0, device="cpu")`), verl 0.8.0's
+    real function under a fork's module name (`param.data = param.data.to("cpu")`), ChatLearn's
+    inference release (`p.data.to("cpu", copy=True)`) then a flush. Net off: 8 caches at every
+    flush; on: 0; every loss and weight bit-identical, the caches rebuilt. The control: AReaL's
+    release outside the scope (every CPU tensor the twin's device) is an empty swap on the device,
+    kept as a reshard is."""
+    shim = _start()
+    import torch
+    from chatlearn.models.megatron.memory_manager.trainer import TrainerMemoryManager
+
+    from harness import gpt_on_twin as gpt
+    from harness.te_twin import host
+
+    steps = 3
+
+    def trained(on: bool) -> Run:
+        run = Run()
+        with _net(on):
+            ddp = gpt.build(FP8, layers=LAYERS)
+            manager = TrainerMemoryManager([ddp])
+            with _flushes([ddp]) as seen:
+                for step in range(steps):
+                    run.losses += gpt.train_step(ddp, step)
+                    run.before.append(gpt.te_float8_entries([ddp]))
+                    with host.offloading():
+                        manager.offload_weights()
+                        torch.cuda.empty_cache()  # its caller's flush (TorchModule.offload)
+                    assert not any(p.is_cuda for p in ddp.parameters()), "every weight on the host"
+                    run.at_flush += seen
+                    seen.clear()
+                    manager.onload_weights()
+                    assert all(p.is_cuda and p.numel() for p in ddp.parameters()), "every weight back"
+            run.weights = gpt.weights(ddp)
+        return run
+
+    def reference(on: bool) -> Run:
+        run = Run()
+        paths = _host_offloads()
+        with _net(on):
+            ref = gpt.build(FP8, layers=LAYERS, wrap=False)
+            with _flushes([ref]) as seen:
+                for step, (_, offload, reload) in enumerate(paths):
+                    run.losses += gpt.train_step(ref, step, forward_only=True)
+                    run.before.append(gpt.te_float8_entries([ref]))
+                    offload(ref)
+                    run.at_flush.append(seen[-1])  # at the offload's own (last) flush
+                    seen.clear()
+                    reload(ref)
+                    assert all(p.is_cuda for p in ref.parameters()), "every weight back"
+                run.losses += gpt.train_step(ref, len(paths), forward_only=True)
+            run.weights = gpt.weights(SimpleNamespace(module=ref))
+        return run
+
+    for off, on, count in ((trained(False), trained(True), steps), (reference(False), reference(True), 3)):
+        assert off.before == on.before == [ENTRIES] * count, "TE's forward makes (again) one FP8 cache per linear"
+        assert off.at_flush == [ENTRIES] * count, "the net off: every path leaks its caches"
+        assert on.at_flush == [0] * count, "the net clears them at the path's own flush"
+        _same(off, on)
+    assert shim.stats()["calls"] == 0, "no table row cleared anything"
+    assert shim.stats()["net"]["cleared_flushes"] == 2 * 3, shim.stats()["net"]
+
+    from areal.engine.weight_update.awex.megatron import MegatronColocateBackend
+
+    with _net(True):
+        ref = gpt.build(FP8, layers=LAYERS, wrap=False)
+        backend = MegatronColocateBackend(SimpleNamespace(model=[ref], device="cuda"))
+        with _flushes([ref]) as seen:
+            gpt.train_step(ref, 0, forward_only=True)
+            backend.release_memory(["weights"])
+            assert seen == [ENTRIES], "outside the host scope the CPU swap is an empty tensor on the device: kept"
+            assert all(p.is_cuda and p.numel() == 0 for p in ref.parameters())
+            backend.resume_memory(["weights"])
 
 
 DEEPSPEED = REPO / ".deps" / "deepspeed-0.19.8"  # scripts/setup-env.sh: its PyPI sdist, --no-deps
