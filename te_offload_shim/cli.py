@@ -1,4 +1,5 @@
-"""`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, stats, startup-file.
+"""`te-offload-shim` (also `python -m te_offload_shim`): enable, disable, run, status, stats, startup-file,
+selftest.
 
 Parses the command line and dispatches; what `status` gathers, judges and prints is the health model
 (health.py). Importing this module imports the package, which installs the shim in the CLI's own
@@ -129,6 +130,12 @@ def _summed(values: list[Any]) -> Any:
     return sum(numbers) if numbers else None
 
 
+def _selftest(args: argparse.Namespace) -> int:
+    from te_offload_shim.selftest import command
+
+    return command.main(mib=args.mib, hidden=args.hidden, recipe=args.recipe, as_json=args.json)
+
+
 def _startup_file(args: argparse.Namespace) -> int:
     print(pth.STARTUP_FILE)
     return 0
@@ -149,6 +156,8 @@ _COMMANDS = {
     "discover": "gone since 0.7.0: the flush net names at run time each offload no entry knows (its log line, "
     "`status`'s net row: callers); the source scanner is scripts/discover.py in the shim's repository",
     "startup-file": "print the path of the PYTHONSTARTUP file (interactive sessions only)",
+    "selftest": "on this node's GPU: TE layers' FP8 caches offloaded and flushed with the clearing off, then on; "
+    "what came back to the driver; exit 0 handed back, 1 not, 2 cannot run here (no GPU, no TE, no FP8)",
 }
 
 
@@ -189,6 +198,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("old", nargs="*", help=argparse.SUPPRESS)
     p.set_defaults(func=_discover)
     command("startup-file", _startup_file)
+    p = command("selftest", _selftest)
+    p.add_argument("--mib", type=float, default=1024.0, help="FP8 cache bytes to build, in MiB (default 1024)")
+    p.add_argument(
+        "--hidden",
+        type=int,
+        default=4096,
+        help="each TE Linear layer's width (default 4096: each cache in blocks of its own)",
+    )
+    p.add_argument(
+        "--recipe",
+        choices=["auto", "delayed", "current", "mxfp8"],
+        default="auto",
+        help="FP8 recipe (auto: MXFP8 where TE supports it on this GPU, else delayed scaling)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 

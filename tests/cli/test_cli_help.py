@@ -37,7 +37,7 @@ def test_version_names_the_code() -> None:
         assert re.fullmatch(rf"{re.escape(newest.group(1))}\.dev\d+", version.group(1)), "between releases: a .devN"
 
 
-@pytest.mark.parametrize("command", ["enable", "disable", "run", "status", "stats", "startup-file"])
+@pytest.mark.parametrize("command", ["enable", "disable", "run", "status", "stats", "startup-file", "selftest"])
 def test_every_subcommand_has_help_text(command: str) -> None:
     proc = _cli(command, "--help")
     assert proc.returncode == 0
