@@ -103,7 +103,9 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    """Sum the stats files of a job's processes (TE_OFFLOAD_SHIM_STATS): every count added up."""
+    """Sum the stats files of a job's processes (TE_OFFLOAD_SHIM_STATS): every count added up, and
+    each file's rank (None where its process never knew one). Any input that is no stats file (not
+    JSON, nested deeper than Python's recursion allows, a folder) is one line and exit 2."""
     documents = []
     for path in args.files:
         try:
@@ -111,13 +113,28 @@ def _stats(args: argparse.Namespace) -> int:
                 documents.append(json.load(file))
             if not isinstance(documents[-1], dict):
                 raise ValueError(f"a JSON {type(documents[-1]).__name__}, not the object a stats file holds")
-        except (OSError, ValueError) as exc:
-            print(f"te-offload-shim stats: cannot read {path}: {exc}", file=sys.stderr)
+        except Exception as exc:  # whatever the file holds, never a traceback
+            print(f"te-offload-shim stats: cannot read {path}: {_why(exc)}", file=sys.stderr)
             return 2
-    total = _summed(documents)
-    total.pop("audit", None)  # one process's report: no sum
-    print(json.dumps({"processes": len(documents), **total}, indent=2))
+    try:
+        total = _summed(documents)
+        total.pop("audit", None)  # one process's report: no sum
+        total.pop("rank", None)
+        ranks = [d["rank"] if isinstance(d.get("rank"), str) else None for d in documents]
+        text = json.dumps({"processes": len(documents), "ranks": ranks, **total}, indent=2)
+    except Exception as exc:  # nesting within json's reach that summing or writing cannot follow
+        print(f"te-offload-shim stats: cannot sum {', '.join(args.files)}: {_why(exc)}", file=sys.stderr)
+        return 2
+    print(text)
     return 0
+
+
+def _why(exc: Exception) -> str:
+    """`exc` in one line."""
+    if isinstance(exc, RecursionError):
+        return "nested deeper than Python's recursion limit: no stats file"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _summed(values: list[Any]) -> Any:

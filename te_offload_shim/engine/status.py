@@ -39,12 +39,14 @@ def status(
         loaded = _loaded(target.module)
         layers, armed = _layers(target, loaded) if loaded is not None else (0, 0)
         state, detail = _state(target, installed, (failures or {}).get(target.module), armed, loaded is not None)
-        failed = registry.failed_clearings(target.name)
-        if failed is not None and state != "error":
-            count, why = failed
-            detail = f"clearing failed at {count} call(s), the offload going on without it; the latest: {why}"
-        elif state == "patched" and not detail:
-            detail = _caching_off_detail(target.name)
+        counted = counters.target(target.name)
+        if counted.failed and state != "error":
+            detail = (
+                f"clearing failed at {counted.failed} call(s), the offload going on without it; "
+                f"the latest: {counted.failed_why}"
+            )
+        elif state == "patched" and not detail and counted.caching_off:
+            detail = _caching_off_detail(counted.caching_off)
         rows.append(
             {
                 "name": target.name,
@@ -53,6 +55,7 @@ def status(
                 "state": state,
                 "detail": detail,
                 "layers": layers,
+                "primary_weight_cleared": counted.primary_weight_cleared,
             }
         )
     return {
@@ -86,7 +89,7 @@ def net_row(installed: bool) -> NetRow:
         detail = detail or "the shim is not installed"
     elif state == "not armed" and not detail:
         state, detail = ("off", f"{_switches.NET}=0") if not _switches.net() else (state, _NOT_IMPORTED)
-    counts, callers = counters.net_counts()
+    counts, callers, undecided = counters.net_counts()
     return {
         "state": state,
         "detail": detail,
@@ -96,20 +99,19 @@ def net_row(installed: bool) -> NetRow:
         "entries": counts["entries"],
         "bytes": counts["bytes"],
         "primary_weight_cleared": counts["primary_weight_cleared"],
+        "undecided": counts["undecided"],
         "live_layers": layers.count(),
-        "found_at_arming": arming["found"],
+        "found_at_arming": counters.found_at_arming(),
         "frozen_not_searched": counts["frozen_not_searched"],
         "callers": callers,
+        "undecided_layers": undecided,
     }
 
 
 _NOT_IMPORTED = "Transformer Engine's PyTorch modules are not imported: torch's flush is its own"
 
 
-def _caching_off_detail(name: str) -> str:
-    off = counters.caching_off_at_last_call(name)
-    if not off:
-        return ""
+def _caching_off_detail(off: dict[str, int]) -> str:
     from te_offload_shim.te.caching_off import describe
 
     return f"nothing to clear at its last call: FP8 weight caching is off by configuration in {describe(off)}"

@@ -500,6 +500,69 @@ def test_fp8_primary_weights_transposes_cleared_by_the_net_are_counted_logged_an
     assert len(printed) == 1 and f"FP8 primary weights' transposes dropped ({transpose / 1024:.2f} KiB)" in printed[0]
 
 
+@pytest.mark.subprocess(verl="0.8.0", env={"TE_OFFLOAD_SHIM_NET": "0"})
+def test_fp8_primary_weights_transposes_cleared_by_a_table_target_are_counted_logged_and_written(
+    caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    """The table's twin of the test above: TE 2.20.2's own `Linear` under `quantized_model_init`,
+    offloaded by verl 0.8.0's own `offload_megatron_model_to_cpu` (the table's `verl` row; the net
+    off, so the table alone clears). What its clearing drops (the weight's transpose: no workspace
+    entry) counts as the net's does: a cleared call, its bytes in `primary_weight_cleared` of
+    `stats()` (the table's totals and the target's), of the target's `status()` row, the first line
+    said once, and the stats file written at once (not only at exit). The row switched off at run
+    time (`TE_OFFLOAD_SHIM_DISABLE=verl`) keeps the transposes: the baseline."""
+    import json
+
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+    from harness import te_twin
+
+    te = net_case.load()
+    from transformer_engine.common.recipe import DelayedScaling
+    from verl.utils import megatron_utils
+
+    caplog.set_level(logging.INFO, logger="te_offload_shim")
+    stats_file = tmp_path / "stats-{pid}.json"
+    os.environ["TE_OFFLOAD_SHIM_STATS"] = str(stats_file)
+    written = tmp_path / f"stats-{os.getpid()}.json"
+
+    def trained() -> Any:
+        with te_twin.model_init(DelayedScaling()):
+            layer = te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32)
+        net_case.forward(layer, is_first_microbatch=True)
+        assert type(layer.weight).__name__ == "Float8Tensor" and layer.weight._transpose is not None
+        assert not layer._fp8_workspaces, "an FP8 primary weight has no workspace entry"
+        return layer
+
+    os.environ["TE_OFFLOAD_SHIM_DISABLE"] = "verl"
+    layer = trained()
+    megatron_utils.offload_megatron_model_to_cpu([layer])
+    assert layer.weight._transpose is not None, "the row switched off keeps the transpose"
+    assert not written.exists(), "nothing cleared, nothing written"
+    del os.environ["TE_OFFLOAD_SHIM_DISABLE"]
+    layer = trained()
+    transpose = layer.weight._transpose.untyped_storage().nbytes()
+    megatron_utils.offload_megatron_model_to_cpu([layer])
+    assert layer.weight._transpose is None, "the table's clearing dropped the transpose"
+
+    stats = te_offload_shim.stats()
+    assert (stats["calls"], stats["cleared_calls"], stats["entries"]) == (1, 1, 0), "a call switched off is no call"
+    assert stats["primary_weight_cleared"] == transpose > 0, stats
+    assert stats["by_target"]["verl"]["primary_weight_cleared"] == transpose, stats["by_target"]
+    row = next(r for r in te_offload_shim.status()["targets"] if r["name"] == "verl")
+    assert row["state"] == "patched" and row["primary_weight_cleared"] == transpose, row
+    said = [r for r in caplog.records if "transposes of FP8 primary weights" in r.getMessage()]
+    assert len(said) == 1 and said[0].getMessage().endswith(
+        f"offload_megatron_model_to_cpu: dropped the transposes of FP8 primary weights ({transpose / 1024:.2f} KiB) "
+        "before the flush"
+    ), [r.getMessage() for r in said]
+    on_disk = json.loads(written.read_text())
+    assert (on_disk["cleared_calls"], on_disk["primary_weight_cleared"]) == (1, transpose), on_disk
+    del os.environ["TE_OFFLOAD_SHIM_STATS"]
+
+
 @pytest.mark.subprocess(env=NO_TABLE)
 def test_the_checks_one_look_covers_tes_quantized_parameters() -> None:
     """At a flush with nothing to clear, a layer whose weights are TE's quantized parameters (FP8
@@ -531,7 +594,7 @@ def test_the_checks_one_look_covers_tes_quantized_parameters() -> None:
     full = placement._decide
     read: list[Any] = []
 
-    def counted(layer: Any, is_device: str) -> tuple[bool, str | None]:
+    def counted(layer: Any, is_device: str) -> tuple[bool, str | None, str | None]:
         read.append(layer)
         return full(layer, is_device)
 
