@@ -92,7 +92,9 @@ def test_two_ranks_stats_files_are_written_at_exit_and_summed(tmp_path: Path, mo
     assert not_stats.returncode == 2 and not_stats.stderr.startswith("te-offload-shim stats: cannot read"), not_stats
 
 
-def test_ranks_only_torch_distributed_knows_write_one_file_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_only_torch_distributed_knows_write_one_file_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Spawned ranks (world size 2, gloo) whose rank comes only from `init_process_group(rank=...)`
     clear, destroy the process group and exit: one file per process, named by the rank known at its
     first write, which its `rank` says; `stats` sums 2 processes. (The exit write, after
@@ -125,6 +127,40 @@ def test_ranks_only_torch_distributed_knows_write_one_file_each(tmp_path: Path, 
     alone.join(120)
     assert alone.exitcode == 0
     assert json.loads((tmp_path / "alone-none.json").read_text())["rank"] is None, "never known, said in the file"
+
+
+_NOT_STATS: dict[str, bytes | None] = {
+    "nested past json's reach": b"[" * 100_000,  # json.load raises RecursionError
+    "nested within it": b'{"net": ' * 950 + b"1" + b"}" * 950,  # json reads it; summing must not follow it
+    "a string where a number is": b'{"calls": "3"}',
+    "an array in an object": b'{"by_target": {"verl": [1, 2]}}',
+    "a boolean": b'{"calls": true}',
+    "binary junk": bytes(range(256)) * 4,
+    "empty": b"",
+    "an integer of 5000 digits": b'{"calls": ' + b"9" * 5000 + b"}",
+    "an object where the other file has a number": b'{"net": 3}',
+    "a folder": None,
+}
+
+
+@pytest.mark.parametrize("case", list(_NOT_STATS))
+def test_stats_answers_any_file_that_is_no_stats_file_in_one_line(tmp_path: Path, case: str) -> None:
+    """`te-offload-shim stats GOOD BAD`, whatever BAD holds: one line on stderr, exit 2, nothing on
+    stdout, never a traceback (nesting raised RecursionError through, and wrong types were summed as
+    nothing, exit 0)."""
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"calls": 1, "net": {"flushes": 2}, "rank": "0"}))
+    bad = tmp_path / "bad.json"
+    content = _NOT_STATS[case]
+    if content is None:
+        bad.mkdir()
+    else:
+        bad.write_bytes(content)
+    proc = _cli("stats", str(good), str(bad))
+    lines = proc.stderr.splitlines()
+    assert (proc.returncode, proc.stdout) == (2, ""), proc
+    assert len(lines) == 1 and lines[0].startswith("te-offload-shim stats: cannot "), proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_stats_files_written_by_threads_at_once_are_always_whole(tmp_path: Path) -> None:
