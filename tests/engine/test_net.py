@@ -152,6 +152,43 @@ def test_a_layer_half_on_the_device_is_left_alone() -> None:
 
 
 @pytest.mark.subprocess(env=NO_TABLE)
+def test_a_layer_the_net_cannot_decide_is_counted_and_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """A TE layer whose weights were offloaded but for an own parameter empty on the device (no
+    bytes, no elements, no offload's mark: what a reshard leaves, and an offload that marks nothing)
+    keeps its caches, as the rule keeps any layer it cannot decide, and says so: counted per flush
+    in `status()["net"]["undecided"]` and `stats()["net"]`, named `Class.parameter`, and shown in the
+    `te-offload-shim status` line. A layer with a weight on the device holding bytes is decided (on),
+    and a sharding wrapper's is decided too: neither counts."""
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+    from te_offload_shim import cli
+
+    te = net_case.load()
+    undecided, on, sharded = (net_case.cached_linear(te, seed) for seed in range(3))
+    undecided.weight.data.untyped_storage().resize_(0)  # offloaded as megatron-core's buffer does
+    undecided.bias.data = torch.empty(0)  # an empty tensor on the device: the twin's device is its CPU
+    on.bias.data = torch.empty(0)  # its weight is on the device, with its bytes
+    sharded.weight.data.untyped_storage().resize_(0)
+    sharded.bias.data = torch.empty(0)
+    sharded.bias.ds_id = 0  # DeepSpeed ZeRO-3's mark: a reshard, never an offload
+    for _ in range(2):
+        torch.cuda.empty_cache()
+    assert [net_case.entries(layer) for layer in (undecided, on, sharded)] == [1, 1, 1], "nothing cleared"
+    row = te_offload_shim.status()["net"]
+    assert (row["undecided"], row["undecided_layers"], row["cleared_flushes"]) == (2, ["Linear.bias"], 0), row
+    assert te_offload_shim.stats()["net"]["undecided"] == 2
+    capsys.readouterr()
+    cli.main(["status"])
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("flush net:")]
+    assert len(printed) == 1 and printed[0].endswith(
+        "; 2 TE layers left undecided (an own weight empty on the device, as a reshard or an offload that marks "
+        "nothing leaves it): Linear.bias"
+    ), printed
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
 def test_a_direct_check_leaves_the_next_flush_checked() -> None:
     """The check called directly (as benchmarks/net.py times it) puts the per-thread mark back as it
     found it: it left the mark set, and every later flush of that thread skipped the net unsaid."""
