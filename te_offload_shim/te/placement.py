@@ -39,14 +39,18 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any, Protocol
 
+from te_offload_shim._reload import kept
+
 DEVICE_TYPE = "cuda"  # the device type whose tensors count as "on the device"
 
 # Handed down by `know` (integrations/flush.py): the type names and instance attributes by which a
 # sharding wrapper marks the parameters it manages, and the attributes an offload leaves on a
-# parameter it swaps for an empty tensor on the device.
-_sharded_types: frozenset[str] = frozenset()
-_sharded_marks: tuple[str, ...] = ()
-_offload_marks: tuple[str, ...] = ()
+# parameter it swaps for an empty tensor on the device. Told once, when the net arms, and read at
+# every flush: kept by a reload of this module (`kept`), which would otherwise take a reshard for an
+# offload.
+_sharded_types: frozenset[str] = kept(globals(), "_sharded_types", frozenset)
+_sharded_marks: tuple[str, ...] = kept(globals(), "_sharded_marks", tuple)
+_offload_marks: tuple[str, ...] = kept(globals(), "_offload_marks", tuple)
 # Where a TE quantized parameter keeps its bytes (te/sizes.py has the full list, for caches).
 QUANTIZED_DATA = ("_data", "_rowwise_data", "_columnwise_data")
 
