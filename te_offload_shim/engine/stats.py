@@ -2,12 +2,11 @@
 the flush net's, TE's process globals given back and the audits, with the one rule for a clearing
 that freed something (counted, said at the first line's level, the stats file written). This module
 is their one owner: engine/handler.py and engine/net.py count through the functions below, te/ and
-reports/ return their figures in their reports, which are added up here. `status()` and `stats()`
-read them here (`counts`, `net_counts`, `target`).
-
-The stats file (`TE_OFFLOAD_SHIM_STATS`) that carries `stats()` out of the process is
-engine/stats_file.py's, loaded only where one is asked for. Standard library and the package's
-ground floor only: `status()` loads this module without loading what clears.
+reports/ return their figures in their reports, which are added up here. `status()` reads a
+`snapshot`; `stats()` as plain data (`counts`) and the stats file (`TE_OFFLOAD_SHIM_STATS`) that
+carries it out of the process are engine/stats_file.py's, loaded only where one of them is asked
+for. Standard library and the package's ground floor only: `status()` loads this module without
+loading what clears.
 
 A reload of this module starts its counts afresh, as `reset()` does (docs/guarantees.md, "What a
 reload keeps").
@@ -15,9 +14,10 @@ reload keeps").
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
@@ -25,7 +25,7 @@ from te_offload_shim._locks import Lock
 from te_offload_shim._log import first_line_level, human_bytes
 
 if TYPE_CHECKING:
-    from te_offload_shim.engine.states import NetTotals, Stats
+    from te_offload_shim.engine.states import Stats
     from te_offload_shim.te.process_globals import GivenBack
     from te_offload_shim.te.report import CacheReport
 
@@ -277,74 +277,17 @@ def count_audit(report: dict[str, Any]) -> int:
 # --- reading --------------------------------------------------------------------------------------
 
 
-def target(name: str) -> PerTarget:
-    """Target `name`'s figures (a copy; zeros for a target never called)."""
+def snapshot() -> Counters:
+    """Every counter as it is now (a copy): what `status()` reads, and `counts` hands on."""
     with _lock:
-        per = _c.targets.get(name)
-        if per is None:
-            return PerTarget()
-        return PerTarget(**asdict(per))
-
-
-def net_counts() -> tuple[NetTotals, list[str], list[str]]:
-    """The net's counters, the callers of its clearing flushes, the layers it could not decide."""
-    with _lock:
-        return _net_totals(), list(_c.net.callers), list(_c.net.undecided_names)
-
-
-def found_at_arming() -> int:
-    with _lock:
-        return _c.arming.found
-
-
-def _net_totals() -> NetTotals:
-    net = _c.net
-    return {
-        "flushes": net.flushes,
-        "cleared_flushes": net.cleared_flushes,
-        "entries": net.entries,
-        "modules": net.modules,
-        "bytes": net.bytes,
-        "primary_weight_cleared": net.primary_weight_cleared,
-        "skipped": net.skipped,
-        "errors": net.errors,
-        "undecided": net.undecided,
-        "frozen_not_searched": _c.arming.frozen_not_searched,
-    }
+        return copy.deepcopy(_c)
 
 
 def counts() -> Stats:
-    """`stats()`: every counter, as plain data (the stats file's document, less its `rank`)."""
-    with _lock:
-        table = _c.table
-        targets = _c.targets.items()
-        return {
-            "calls": table.calls,
-            "cleared_calls": table.cleared_calls,
-            "entries": table.entries,
-            "modules": table.modules,
-            "bytes": table.bytes,
-            "released_bytes": table.released_bytes,
-            "skipped": table.skipped,
-            "errors": table.errors,
-            "primary_weight_bytes": table.primary_weight_bytes,
-            "primary_weight_cleared": table.primary_weight_cleared,
-            "by_target": {
-                name: {
-                    "calls": per.calls,
-                    "entries": per.entries,
-                    "bytes": per.bytes,
-                    "primary_weight_cleared": per.primary_weight_cleared,
-                }
-                for name, per in targets
-                if per.calls
-            },
-            "left_alone": {name: dict(per.left_alone) for name, per in targets if per.left_alone},
-            "caching_off": dict(_c.caching_off),
-            "net": _net_totals(),
-            "te_globals": asdict(_c.te_globals),
-            "audit": None if _c.audit is None else dict(_c.audit),
-        }
+    """`stats()`: every counter, as plain data (engine/stats_file.py builds it from a snapshot)."""
+    from te_offload_shim.engine import stats_file  # loaded by stats() and the stats file only
+
+    return stats_file.as_stats(snapshot())
 
 
 def reset() -> None:

@@ -1,10 +1,11 @@
-"""The stats file (`TE_OFFLOAD_SHIM_STATS`): `stats()` carried out of the process for an operator to
-sum (`te-offload-shim stats FILES`), one file per process.
+"""`stats()` as plain data, and the stats file (`TE_OFFLOAD_SHIM_STATS`) that carries it out of the
+process for an operator to sum (`te-offload-shim stats FILES`), one file per process.
 
-Loaded only where a stats file is asked for: by the counters (engine/stats.py) in a process that
-names one, after each clearing that freed something and once at exit. The counters stay
-engine/stats.py's: their owner hands its reader (`counts`) to each function here, so this module
-never imports it (engine/stats.py imports this one: the other way would be a cycle).
+Loaded only where one of them is asked for: by `stats()` and `status()`, and by the counters
+(engine/stats.py) in a process that names a stats file, after each clearing that freed something
+and once at exit. The counters stay engine/stats.py's: their owner hands its snapshot (or its
+reader, `counts`) to each function here, so this module never imports it (engine/stats.py imports
+this one: the other way would be a cycle).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import atexit
 import contextlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from te_offload_shim import _switches
@@ -23,7 +24,8 @@ from te_offload_shim._log import fail_open
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from te_offload_shim.engine.states import Stats
+    from te_offload_shim.engine.states import NetTotals, Stats
+    from te_offload_shim.engine.stats import Counters
 
 # Made exclusively and never through a link planted at its name; closed in a child a process starts.
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -44,6 +46,55 @@ class Destination:
 
 _lock = Lock()  # one writer at a time: the snapshot taken last is the one that lands last
 _destination: Destination | None = None
+
+
+def as_stats(c: Counters) -> Stats:
+    """`stats()`: every counter of snapshot `c`, as plain data (the stats file's document, less its rank)."""
+    table, targets = c.table, c.targets.items()
+    return {
+        "calls": table.calls,
+        "cleared_calls": table.cleared_calls,
+        "entries": table.entries,
+        "modules": table.modules,
+        "bytes": table.bytes,
+        "released_bytes": table.released_bytes,
+        "skipped": table.skipped,
+        "errors": table.errors,
+        "primary_weight_bytes": table.primary_weight_bytes,
+        "primary_weight_cleared": table.primary_weight_cleared,
+        "by_target": {
+            name: {
+                "calls": per.calls,
+                "entries": per.entries,
+                "bytes": per.bytes,
+                "primary_weight_cleared": per.primary_weight_cleared,
+            }
+            for name, per in targets
+            if per.calls
+        },
+        "left_alone": {name: per.left_alone for name, per in targets if per.left_alone},
+        "caching_off": c.caching_off,
+        "net": net_totals(c),
+        "te_globals": asdict(c.te_globals),
+        "audit": c.audit,
+    }
+
+
+def net_totals(c: Counters) -> NetTotals:
+    """The flush net's counters of snapshot `c`, in `stats()["net"]` and its `status()` row alike."""
+    net = c.net
+    return {
+        "flushes": net.flushes,
+        "cleared_flushes": net.cleared_flushes,
+        "entries": net.entries,
+        "modules": net.modules,
+        "bytes": net.bytes,
+        "primary_weight_cleared": net.primary_weight_cleared,
+        "skipped": net.skipped,
+        "errors": net.errors,
+        "undecided": net.undecided,
+        "frozen_not_searched": c.arming.frozen_not_searched,
+    }
 
 
 def write_at_exit(counts: Callable[[], Stats]) -> object:

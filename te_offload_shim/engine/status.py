@@ -1,7 +1,7 @@
 """What the shim has done in this process, read-only: `status()` per target (`stats()` totals are
 engine/stats_file.py's).
 
-Reads the registry, the net's arming and the counters (engine/stats.py); patches nothing and
+Reads the registry, the net's arming and a snapshot of the counters (engine/stats.py); patches nothing and
 imports nothing that does (the import callback that patches is `engine.patch.patch_targets_in`).
 The report types are in `engine/states.py`.
 """
@@ -34,19 +34,18 @@ def status(
 ) -> Status:
     """`failures`: module -> why its patch callback raised (the import hook runs it again only when
     the module is imported again or reloaded)."""
+    counted = counters.snapshot()
     rows: list[TargetRow] = []
     for target in targets:
         loaded = _loaded(target.module)
         layers, armed = _layers(target, loaded) if loaded is not None else (0, 0)
         state, detail = _state(target, installed, (failures or {}).get(target.module), armed, loaded is not None)
-        counted = counters.target(target.name)
-        if counted.failed and state != "error":
-            detail = (
-                f"clearing failed at {counted.failed} call(s), the offload going on without it; "
-                f"the latest: {counted.failed_why}"
-            )
-        elif state == "patched" and not detail and counted.caching_off:
-            detail = _caching_off_detail(counted.caching_off)
+        per = counted.targets.get(target.name) or counters.PerTarget()
+        if per.failed and state != "error":
+            why = f"the offload going on without it; the latest: {per.failed_why}"
+            detail = f"clearing failed at {per.failed} call(s), {why}"
+        elif state == "patched" and not detail and per.caching_off:
+            detail = _caching_off_detail(per.caching_off)
         rows.append(
             {
                 "name": target.name,
@@ -55,7 +54,7 @@ def status(
                 "state": state,
                 "detail": detail,
                 "layers": layers,
-                "primary_weight_cleared": counted.primary_weight_cleared,
+                "primary_weight_cleared": per.primary_weight_cleared,
             }
         )
     return {
@@ -66,14 +65,14 @@ def status(
         "targets": rows,
         "user_target_problems": problems,
         "hook_errors": hook_errors,
-        "net": net_row(installed),
+        "net": net_row(installed, counted),
     }
 
 
-def net_row(installed: bool) -> NetRow:
+def net_row(installed: bool, counted: counters.Counters) -> NetRow:
     """The flush net's row: armed or not and why (engine/net.py arms it when TE's base module is
     imported), and what it cleared (engine/stats.py)."""
-    from te_offload_shim.engine import net
+    from te_offload_shim.engine import net, stats_file
     from te_offload_shim.te import layers
 
     arming = net.arming()
@@ -89,7 +88,7 @@ def net_row(installed: bool) -> NetRow:
         detail = detail or "the shim is not installed"
     elif state == "not armed" and not detail:
         state, detail = ("off", f"{_switches.NET}=0") if not _switches.net() else (state, _NOT_IMPORTED)
-    counts, callers, undecided = counters.net_counts()
+    counts = stats_file.net_totals(counted)
     return {
         "state": state,
         "detail": detail,
@@ -101,10 +100,10 @@ def net_row(installed: bool) -> NetRow:
         "primary_weight_cleared": counts["primary_weight_cleared"],
         "undecided": counts["undecided"],
         "live_layers": layers.count(),
-        "found_at_arming": counters.found_at_arming(),
+        "found_at_arming": counted.arming.found,
         "frozen_not_searched": counts["frozen_not_searched"],
-        "callers": callers,
-        "undecided_layers": undecided,
+        "callers": list(counted.net.callers),
+        "undecided_layers": list(counted.net.undecided_names),
     }
 
 

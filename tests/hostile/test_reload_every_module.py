@@ -4,9 +4,12 @@ keeps")."""
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from hostile_util import cached_layer, write_module
 
 
@@ -150,3 +153,23 @@ def test_a_reload_of_the_log_module_keeps_its_handler_and_the_locks_it_made(capf
     finally:
         done.set()
         holder.join()
+
+
+def test_the_holders_a_reload_keeps_are_those_listed() -> None:
+    """Every `kept(globals(), "name", ...)` of the package is a row of docs/guarantees.md's "What a
+    reload keeps", and every name there is kept: a holder is kept only where the page says why."""
+    package = REPO / "te_offload_shim"
+    in_code = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "kept":
+                name = node.args[1]
+                assert isinstance(name, ast.Constant), f"{path}: kept() of a name that is no literal"
+                in_code.add((path.relative_to(package).as_posix(), name.value))
+    text = (REPO / "docs" / "guarantees.md").read_text()
+    section = text[text.index("## What a reload keeps") :]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    listed = set()
+    for module, names in re.findall(r"^\| `([\w/]+\.py)` \| ([^|]+) \|", section, re.MULTILINE):
+        listed |= {(module, name) for name in re.findall(r"`(\w+)`", names)}
+    assert in_code == listed
