@@ -1,6 +1,6 @@
 """The typed reports of the engine: each target's `TargetState`, the `status()` rows and report,
 and the `stats()` totals. Types only, importing nothing of the package: the start-up module names
-them for type checkers, and `engine/status.py` fills them.
+them for type checkers, and `engine/status.py` and `engine/stats_file.py` fill them.
 """
 
 from __future__ import annotations

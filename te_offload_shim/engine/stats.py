@@ -93,6 +93,8 @@ class GlobalsGiven:
 
 @dataclass
 class Counters:
+    """Every counter of the process: the one state this module owns (`_c`)."""
+
     table: Table = field(default_factory=Table)
     net: Net = field(default_factory=Net)
     arming: Arming = field(default_factory=Arming)
