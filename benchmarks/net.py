@@ -137,7 +137,7 @@ def measure(te_layers: int, repeats: int, primary: bool = False) -> dict[str, An
     for module in te_modules:
         layers.note(module)
     entries = sum(len(e) for _, e in refills)
-    before = stats.net_counts()[0]
+    before = stats.counts()["net"]
 
     def refill() -> None:
         for ws, filled in refills:
@@ -152,7 +152,7 @@ def measure(te_layers: int, repeats: int, primary: bool = False) -> dict[str, An
 
     with _twin_mode_left(primary):
         figures = ab(lambda: net._before_flush(LABEL), lambda: reference(root), repeats, refill, check)
-    after = stats.net_counts()[0]
+    after = stats.counts()["net"]
     return {
         "te_layers": len(te_modules),
         "live_layers": layers.count(),

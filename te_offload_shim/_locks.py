@@ -29,7 +29,9 @@ import os
 
 from te_offload_shim._reload import kept
 
-_all: list[_thread.RLock] = kept(globals(), "_all", list)  # the locks made before a reload are reset too
+# Every lock made, kept by a reload of this module (`kept`): the locks made before it (the registry's,
+# kept; those of modules not reloaded) are still re-initialised in a forked child and seen by `held_here`.
+_all: list[_thread.RLock] = kept(globals(), "_all", list)
 
 
 def Lock() -> _thread.RLock:  # named as what it makes, as `threading.Lock` is

@@ -24,8 +24,8 @@ from te_offload_shim._signals import raised_by_signal_handler
 logger = logging.getLogger("te_offload_shim")
 PREFIX = "te_offload_shim: "
 
-_warned: set[str] = kept(globals(), "_warned", set)  # the state of this module outlives a reload
-_lock = kept(globals(), "_lock", Lock)
+_warned: set[str] = set()  # a reload of this module may say a warning once more
+_lock = Lock()
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -37,6 +37,8 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     stream = property(lambda self: sys.stderr)  # type: ignore[assignment]
 
 
+# Put on the logger (`TE_OFFLOAD_SHIM_LOG`), outside this module: kept by a reload (`kept`), which
+# would otherwise leave it there beside a second one.
 _own: logging.Handler = kept(globals(), "_own", _Stderr)
 if _switches.log_level() is not None:
     logger.setLevel(_switches.log_level() or 0)

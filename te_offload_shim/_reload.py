@@ -1,12 +1,13 @@
 """What a module's state was before `importlib.reload` ran the module again.
 
 IPython's autoreload and plugin reloaders reload every module of a package, and a reload runs the
-module's body again in the same namespace. State that must outlive it (the registry's records, the
-counters, the locks, the warnings already given) is taken from that namespace when it is there, or
-`uninstall()` and `status()` would lose what was patched, and a lock held across the reload would
-be a second lock. Every module of the package that keeps state does it with `kept`, except the
-start-up module (`__init__`), which may import no module of ours and needs nothing kept: its finder
-on the meta path is reused, and its `install()` patches again what the engine finds patched.
+module's body again in the same namespace. Only what a reload must keep is taken from that
+namespace when it is there: what the package put in place outside itself and must find again (the
+wrappers: the registry's records and states, the net's arming; the layers its hooks noted; what the
+integrations told the engine, which the wrappers read at every call; its handler on the logger) and
+the list of its locks (a fork must still re-initialise those made before). Everything else (the
+counters, the warnings already given, the searches' findings, the stats file's path) starts afresh.
+docs/guarantees.md ("What a reload keeps") lists each holder and why.
 Standard library only, and nothing at all at import.
 """
 

@@ -148,7 +148,7 @@ def rank() -> str | None:
     it is initialised (read only where torch is imported already), else None (no distributed job)."""
     for name in RANK_VARIABLES:
         value = os.environ.get(name, "").strip()
-        if value.isdigit():  # anything else (`abc`, `-1`, `1/2`) is no rank: the next variable is asked
+        if value.isascii() and value.isdigit():  # anything else (`abc`, `-1`, `1/2`, `²`) is no rank: the next is asked
             return str(int(value))  # `00` is rank 0
     dist = sys.modules.get("torch.distributed")
     try:

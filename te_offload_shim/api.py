@@ -66,9 +66,8 @@ def stats() -> Stats:
     """Totals so far in this process: calls, entries, bytes (and per target); `audit`: the latest
     residue report of `TE_OFFLOAD_SHIM_AUDIT` (None until one ran)."""
     from te_offload_shim.engine import stats as counters
-    from te_offload_shim.engine import stats_file  # `stats()` as a whole is made there, with the file
 
-    return stats_file.snapshot(counters.counts)
+    return counters.counts()
 
 
 def clear_fp8_workspaces(models: object, *, strict: bool | None = None) -> CacheReport:

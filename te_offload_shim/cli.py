@@ -104,30 +104,66 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    """Sum the stats files of a job's processes (TE_OFFLOAD_SHIM_STATS): every count added up."""
-    documents = []
+    """Sum the stats files of a job's processes (TE_OFFLOAD_SHIM_STATS): every count added up, and
+    each file's rank listed (None where its process never knew one). Whatever a file holds that no
+    stats file does (not JSON, not numbers in objects, nesting deeper than Python's recursion limit),
+    or a file that cannot be read (a folder), is said in one line, exit 2."""
+    documents, ranks = [], []
     for path in args.files:
         try:
             with open(path, encoding="utf-8") as file:
-                documents.append(json.load(file))
-            if not isinstance(documents[-1], dict):
-                raise ValueError(f"a JSON {type(documents[-1]).__name__}, not the object a stats file holds")
-        except (OSError, ValueError) as exc:
-            print(f"te-offload-shim stats: cannot read {path}: {exc}", file=sys.stderr)
+                document = json.load(file)
+            if not isinstance(document, dict):
+                raise ValueError(f"a JSON {_json_type(document)}, not the object a stats file holds")
+            rank = document.pop("rank", None)
+            document.pop("audit", None)  # one process's report: no sum
+            _check(document, "")
+        except Exception as exc:  # whatever the file holds: one line, never a traceback
+            print(f"te-offload-shim stats: cannot read {path}: {_why(exc)}", file=sys.stderr)
             return 2
-    total = _summed(documents)
-    total.pop("audit", None)  # one process's report: no sum
-    print(json.dumps({"processes": len(documents), **total}, indent=2))
+        documents.append(document)
+        ranks.append(rank if isinstance(rank, str) else None)
+    try:
+        text = json.dumps({"processes": len(documents), "ranks": ranks, **_summed(documents, "")}, indent=2)
+    except Exception as exc:
+        print(f"te-offload-shim stats: cannot sum these files: {_why(exc)}", file=sys.stderr)
+        return 2
+    print(text)
     return 0
 
 
-def _summed(values: list[Any]) -> Any:
-    """Numbers added, dictionaries key by key; anything else dropped (None)."""
-    dicts = [v for v in values if isinstance(v, dict)]
-    if dicts:
-        return {k: _summed([d.get(k) for d in dicts]) for k in dict.fromkeys(k for d in dicts for k in d)}
-    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return sum(numbers) if numbers else None
+def _check(value: Any, where: str) -> None:
+    """A stats file holds numbers (or null) in objects, key by key: anything else is no stats file's."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _check(inner, f"{where}.{key}" if where else key)
+    elif value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{where} is a JSON {_json_type(value)}, not a number")
+
+
+def _summed(values: list[Any], where: str) -> Any:
+    """Numbers added, objects key by key (a key missing from a file counts nothing there)."""
+    present = [v for v in values if v is not None]
+    objects = [v for v in present if isinstance(v, dict)]
+    if objects and len(objects) < len(present):
+        raise ValueError(f"{where} is an object in one file and a number in another")
+    if objects:
+        keys = dict.fromkeys(k for d in objects for k in d)
+        return {k: _summed([d.get(k) for d in objects], f"{where}.{k}" if where else k) for k in keys}
+    return sum(present) if present else None
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return names.get(type(value), "null")
+
+
+def _why(exc: Exception) -> str:
+    """`exc` in one line."""
+    if isinstance(exc, RecursionError):
+        return "nested deeper than Python's recursion limit (no stats file is)"
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _selftest(args: argparse.Namespace) -> int:

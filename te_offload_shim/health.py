@@ -361,6 +361,11 @@ def _net_line(net: dict[str, Any], installed: bool) -> str:
             line += f"; FP8 primary weights' transposes dropped ({human_bytes(net['primary_weight_cleared'])})"
         if net["callers"]:
             line += f"; called from {', '.join(net['callers'])}"
+        if net.get("undecided"):
+            line += (
+                f"; {net['undecided']} TE layers left undecided (an own weight empty on the device, as a reshard "
+                f"or an offload that marks nothing leaves it): {', '.join(net['undecided_layers'])}"
+            )
     if net.get("frozen_not_searched"):
         line += (
             f"; {net['frozen_not_searched']} objects frozen by gc.freeze() not searched (layers among them "

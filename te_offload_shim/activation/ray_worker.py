@@ -25,11 +25,17 @@ def setup_worker() -> None:
     try:
         import te_offload_shim
     except Exception as exc:
+        # `[rank N]` as every line of the package has it, read as `_switches.rank()` reads it (the
+        # package cannot be imported here): the first of its RANK_VARIABLES that holds a number
+        values = (
+            os.environ.get(name, "").strip() for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+        )
+        rank = next((f"[rank {int(value)}] " for value in values if value.isascii() and value.isdigit()), "")
         with contextlib.suppress(Exception):  # a closed or odd stderr: the worker goes on all the same
             sys.stderr.write(
-                f"te_offload_shim: this Ray worker cannot import te_offload_shim ({type(exc).__name__}: {exc}); "
-                "it runs without the shim. Install te-offload-shim in this worker's Python environment to have "
-                "it here.\n"
+                f"te_offload_shim: {rank}this Ray worker cannot import te_offload_shim ({type(exc).__name__}: "
+                f"{exc}); it runs without the shim. Install te-offload-shim in this worker's Python environment "
+                "to have it here.\n"
             )
         return
     # ray_setup never raises; an older copy of the package in this worker might lack it

@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 
     ClassFinder = Callable[[object], "type | None"]
 
-# replaced, never edited: read without a lock; kept across a reload, as every module's state
+# Replaced, never edited: read without a lock. What the integrations told, once, when they loaded:
+# the wrappers in place read it at every call, so it outlives a reload of this module (`kept`), which
+# would otherwise lose Ray's keyword and class finder, and Megatron's graph marks (a graphed chunk
+# would then be cleared), until integrations/ itself was reloaded.
 ignored_keywords: frozenset[str] = kept(globals(), "ignored_keywords", frozenset)
 _class_finders: tuple[ClassFinder, ...] = kept(globals(), "_class_finders", tuple)
 _cuda_graphs: GraphMarks = kept(globals(), "_cuda_graphs", lambda: TE_ONLY)

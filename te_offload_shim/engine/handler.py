@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from te_offload_shim import _switches
 from te_offload_shim._locks import held_here
 from te_offload_shim._log import describe_error, fail_open, human_bytes, log, warn_once
-from te_offload_shim._reload import kept
-from te_offload_shim.engine import attributes, registry, stats
+from te_offload_shim.engine import attributes, stats
 from te_offload_shim.te import caches
 from te_offload_shim.te.caching_off import describe
 from te_offload_shim.te.chunks import as_chunks
@@ -30,8 +29,8 @@ if TYPE_CHECKING:
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.engine.schema import Target
 
-# The state below outlives a reload of this module (`kept`); the counters are engine/stats.py's.
-_inside = kept(globals(), "_inside", threading.local)
+# The calls in flight on each thread (`Handler.__call__`); the counters are engine/stats.py's.
+_inside = threading.local()
 
 
 def _left_alone(target: Target, reason: str) -> None:
@@ -43,16 +42,15 @@ def _left_alone(target: Target, reason: str) -> None:
 
 def _count_clearing(target: Target, report: caches.CacheReport) -> None:
     level = stats.count_table(target.name, report)
-    if level is not None and report.entries:
-        log(
-            level,
-            "te_offload_shim: %s: cleared %d FP8 weight workspaces in %d modules (%s held%s) before the flush",
-            target.path,
-            report.entries,
-            report.modules,
-            human_bytes(report.bytes),
-            "" if report.released_bytes is None else f", {human_bytes(report.released_bytes)} released",
-        )
+    if level is not None and stats.freed(report):
+        done = []
+        if report.entries:
+            released = "" if report.released_bytes is None else f", {human_bytes(report.released_bytes)} released"
+            held = f"{human_bytes(report.bytes)} held{released}"
+            done.append(f"cleared {report.entries} FP8 weight workspaces in {report.modules} modules ({held})")
+        if report.primary_weight_cleared:  # FP8 primary weights have no entry: their transposes are what it freed
+            done.append(f"dropped {stats.primary_weights_dropped(report)}")
+        log(level, "te_offload_shim: %s: %s before the flush", target.path, " and ".join(done))
     elif level is not None:  # a 0 that is no clearing's doing says why, once per reason at the first line's level
         log(
             level,
@@ -118,7 +116,7 @@ class Handler:
             result = wrapped(*args, **kwargs)
             if pending is not None:
                 inside.busy = True
-                pending.finish()  # never raises
+                pending.finish(stats.count_audit)  # never raises
             return result
         finally:
             inside.busy = False
@@ -142,8 +140,7 @@ class Handler:
                 self.target.path,
                 exc,
             )
-            registry.clearing_failed(self.target.name, describe_error(exc))
-            stats.add("table", "errors")
+            stats.clearing_failed(self.target.name, describe_error(exc))
         return None, _NONE
 
     def _models(self, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -230,11 +227,21 @@ class Handler:
         )
         _count_clearing(target, report)
         if _switches.te_globals():  # opt-in: TE's re-creatable globals too, after the caches
-            from te_offload_shim.te import process_globals  # loaded only where it is asked for
-
-            process_globals.give_back(report)
+            _give_back_te_globals(report)
         # A clearing limited to some layers (megatron-core's: one buffer's) covers no whole chunk.
         return models, frozenset(id(c) for c in chunks) if params is None else _NONE
+
+
+def _give_back_te_globals(report: caches.CacheReport) -> None:
+    """TE_OFFLOAD_SHIM_TE_GLOBALS: TE's re-creatable process globals given back after the clearing
+    (`report`), counted, and the first giving back said at INFO."""
+    from te_offload_shim.te import process_globals  # loaded only where it is asked for
+
+    given = process_globals.give_back(report)
+    level = stats.count_te_globals(given) if given is not None else None
+    if level is not None and given is not None:
+        what = f"{given.entries} tensors, {human_bytes(given.bytes)}"
+        log(level, "te_offload_shim: gave back TE's %s: %s", process_globals.DUMMY_WGRADS, what)
 
 
 _NONE: frozenset[int] = frozenset()

@@ -48,9 +48,11 @@ LAYERS_KIND = "net-layers"
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _TORCH_MEMORY = os.path.join("torch", "cuda", "memory.py")
 
-# The state below outlives a reload of this module (`kept`).
-_inside = kept(globals(), "_inside", threading.local)
-_arming: dict[str, Any] = kept(globals(), "_arming", lambda: {"state": "not armed", "detail": "", "found": 0})
+_inside = threading.local()  # the flushes in flight on each thread (see `_flush_wrapper`)
+# How the arming went, for the net's status row: it says what the wrappers in place are, so it
+# outlives a reload of this module (`kept`), as they do. Its figures (layers found, objects frozen)
+# are counted in engine/stats.py.
+_arming: dict[str, str] = kept(globals(), "_arming", lambda: {"state": "not armed", "detail": ""})
 
 
 def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...], *, te_ready: bool) -> str:
@@ -70,8 +72,7 @@ def arm(base_module: Any, base_class: str, flushes: tuple[tuple[str, str], ...],
             hooked = _hook_layers(base)
             wrapped = [point for point in flushes if _wrap_flush(*point)]
             found, frozen = layers.find_existing(base) if te_ready and hooked else (0, 0)
-            _arming["found"] = found
-            stats.set_net("frozen_not_searched", frozen)  # its one owner: the status row reads it there
+            stats.net_armed(found, frozen)  # their one owner: the status row reads them there
             if frozen:
                 warn_once(
                     "net:frozen",
@@ -191,8 +192,11 @@ def _before_flush(label: str) -> None:
     try:
         if not (_switches.enabled() and _switches.net()):
             return
-        stats.add("net", "flushes")
-        offloaded = placement.offloaded_entries(layers.entries())
+        stats.flush_seen()
+        undecided: list[Any] = []
+        offloaded = placement.offloaded_entries(layers.entries(), undecided=undecided)
+        if undecided:  # said, not silent: counted and named in the net's status row
+            stats.undecided(undecided)
         if offloaded:
             report = caches.clear_layers(offloaded, graphs=attributes.cuda_graphs(), strict=_switches.strict())
             _cleared(label, report)
@@ -203,7 +207,7 @@ def _before_flush(label: str) -> None:
             "te_offload_shim: the flush net failed (%s); the flush goes on without it",
             exc,
         )
-        stats.add("net", "errors")
+        stats.net_failed()
     finally:
         _inside.on = was
 
@@ -211,14 +215,13 @@ def _before_flush(label: str) -> None:
 def _cleared(label: str, report: caches.CacheReport) -> None:
     # FP8 primary weights (fp8_model_init / quantized_model_init) have no workspace entry: what the
     # clearing frees of theirs is each one's transpose (`primary_weight_cleared`, bytes)
-    primary = report.primary_weight_cleared
-    caller = _caller() if report.entries or primary else ""
+    caller = _caller() if stats.freed(report) else ""
     level = stats.count_net(report, caller)
     if level is None:
         return
     what = f"{report.entries} FP8 weight caches ({human_bytes(report.bytes)}) in {report.modules} layers"
-    if primary:
-        dropped = f"the transposes of FP8 primary weights ({human_bytes(primary)})"
+    if report.primary_weight_cleared:
+        dropped = stats.primary_weights_dropped(report)
         what = f"{what} and {dropped}" if report.entries else dropped
     log(
         level,
@@ -249,9 +252,9 @@ def _caller() -> str:
     return "<unknown>"
 
 
-def arming() -> dict[str, Any]:
-    """How the net's arming went (state, detail, layers found then), for its status row; the objects
-    frozen then are counted in engine/stats.py."""
+def arming() -> dict[str, str]:
+    """How the net's arming went (state, detail), for its status row; its figures (layers found,
+    objects frozen then) are engine/stats.py's."""
     return dict(_arming)
 
 

@@ -25,14 +25,12 @@ if TYPE_CHECKING:
     from te_offload_shim.engine.schema import Target
     from te_offload_shim.engine.states import TargetState
 
-# The state below outlives a reload of this module (`kept`), or uninstall() and status() would lose
-# what was patched.
+# The state below is what the wrappers in place are, so it outlives a reload of this module
+# (`kept`): else uninstall() could not undo them, status() would not know them, and a patch on
+# another thread during the reload would hold a second lock.
 lock = kept(globals(), "lock", Lock)  # held across a whole patch: check, record, put in place
 _records: list[Record] = kept(globals(), "_records", list)
 _states: dict[str, tuple[TargetState, str]] = kept(globals(), "_states", dict)
-_failed_clearings: dict[str, tuple[int, str]] = kept(
-    globals(), "_failed_clearings", dict
-)  # target -> (clearings that failed, the latest why)
 
 
 ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT"})()  # an `original` the owner did not have
@@ -158,19 +156,6 @@ def state(target: str) -> tuple[TargetState, str] | None:
         return _states.get(target)
 
 
-def clearing_failed(target: str, why: str) -> None:
-    """A call of `target` whose clearing failed open (the offload went on without it): for status()."""
-    with lock:
-        count = _failed_clearings.get(target, (0, ""))[0]
-        _failed_clearings[target] = (count + 1, why)
-
-
-def failed_clearings(target: str) -> tuple[int, str] | None:
-    """(how many calls of `target` failed to clear, why the latest did), or None."""
-    with lock:
-        return _failed_clearings.get(target)
-
-
 def deactivate() -> tuple[int, list[str]]:
     """Disarm every record, then undo each (newest first). Returns (attributes restored, errors):
     one patch that cannot be undone does not keep the others in place."""
@@ -180,7 +165,6 @@ def deactivate() -> tuple[int, list[str]]:
             record.armed = False
         _records.clear()
         _states.clear()
-        _failed_clearings.clear()
     restored = 0
     errors: list[str] = []
     for record in reversed(taken):

@@ -1,6 +1,6 @@
 """The typed reports of the engine: each target's `TargetState`, the `status()` rows and report,
 and the `stats()` totals. Types only, importing nothing of the package: the start-up module names
-them for type checkers, and `engine/status.py` fills them.
+them for type checkers, and `engine/status.py` and `engine/stats_file.py` fill them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ class TargetRow(TypedDict):
     state: TargetState
     detail: str  # why, for "error"; for another state, the clearings that failed, if any (else empty)
     layers: int  # our wrapper layers on the attribute (1 when patched)
+    # bytes of FP8 primary weights' transposes its clearings dropped in this process (they have no entry)
+    primary_weight_cleared: int
 
 
 class _NetCounts(TypedDict):
@@ -35,6 +37,9 @@ class _NetCounts(TypedDict):
     entries: int  # cache entries it cleared
     bytes: int  # bytes those entries held (each storage once)
     primary_weight_cleared: int  # bytes of FP8 primary weights' transposes it dropped (they have no entries)
+    # TE layers it could not decide at a flush (summed over flushes): an own weight empty on the device
+    # and none other on it, which a reshard and an offload that marked nothing both leave; left alone
+    undecided: int
     frozen_not_searched: int  # objects frozen by gc.freeze() when it armed: not searched for layers
 
 
@@ -47,6 +52,7 @@ class NetRow(_NetCounts):
     live_layers: int  # TE layers it knows of now (weak references)
     found_at_arming: int  # layers built before the net armed, found then
     callers: list[str]  # "file:line in function" of the flushes that cleared something (distinct, first 16)
+    undecided_layers: list[str]  # "Class.parameter" of the layers it could not decide (distinct, first 16)
 
 
 class Status(TypedDict):
@@ -70,18 +76,19 @@ class TargetTotals(TypedDict):
     calls: int
     entries: int
     bytes: int
+    primary_weight_cleared: int  # bytes of FP8 primary weights' transposes the clearings dropped (no entries)
 
 
 class Stats(TargetTotals):
     """The totals of the table's targets (`calls`: wrapped offload calls; `entries`: cache entries
     cleared; `bytes`: bytes those entries held, each storage once), and the net's own."""
 
-    cleared_calls: int  # of those calls, calls that cleared at least one entry
+    cleared_calls: int  # of those calls, calls that freed something (an entry, or a primary weight's transpose)
     modules: int  # TE modules whose caches were cleared
     released_bytes: int  # allocator bytes released by the clearing (CUDA only; 0 elsewhere)
     skipped: int  # modules or chunks left alone (CUDA graphs, TE < 1.8 layout, ...)
     errors: int  # the shim's own errors (each also logged once)
-    primary_weight_bytes: int  # FP8 primary weights' transpose/columnwise copies seen at the last call
+    primary_weight_bytes: int  # FP8 primary weights' transpose/columnwise copies left in place at the last call
     # TE layers that held nothing at the last call because caching is off by configuration (Megatron's
     # disable_parameter_transpose_cache, TE under FSDP2), by reason: its 0 entries cleared are no loss
     caching_off: dict[str, int]

@@ -1,7 +1,7 @@
 """What the shim has done in this process, read-only: `status()` per target (`stats()` totals are
 engine/stats_file.py's).
 
-Reads the registry, the net's arming and the counters (engine/stats.py); patches nothing and
+Reads the registry, the net's arming and a snapshot of the counters (engine/stats.py); patches nothing and
 imports nothing that does (the import callback that patches is `engine.patch.patch_targets_in`).
 The report types are in `engine/states.py`.
 """
@@ -34,17 +34,18 @@ def status(
 ) -> Status:
     """`failures`: module -> why its patch callback raised (the import hook runs it again only when
     the module is imported again or reloaded)."""
+    counted = counters.snapshot()
     rows: list[TargetRow] = []
     for target in targets:
         loaded = _loaded(target.module)
         layers, armed = _layers(target, loaded) if loaded is not None else (0, 0)
         state, detail = _state(target, installed, (failures or {}).get(target.module), armed, loaded is not None)
-        failed = registry.failed_clearings(target.name)
-        if failed is not None and state != "error":
-            count, why = failed
-            detail = f"clearing failed at {count} call(s), the offload going on without it; the latest: {why}"
-        elif state == "patched" and not detail:
-            detail = _caching_off_detail(target.name)
+        per = counted.targets.get(target.name) or counters.PerTarget()
+        if per.failed and state != "error":
+            why = f"the offload going on without it; the latest: {per.failed_why}"
+            detail = f"clearing failed at {per.failed} call(s), {why}"
+        elif state == "patched" and not detail and per.caching_off:
+            detail = _caching_off_detail(per.caching_off)
         rows.append(
             {
                 "name": target.name,
@@ -53,6 +54,7 @@ def status(
                 "state": state,
                 "detail": detail,
                 "layers": layers,
+                "primary_weight_cleared": per.primary_weight_cleared,
             }
         )
     return {
@@ -63,14 +65,14 @@ def status(
         "targets": rows,
         "user_target_problems": problems,
         "hook_errors": hook_errors,
-        "net": net_row(installed),
+        "net": net_row(installed, counted),
     }
 
 
-def net_row(installed: bool) -> NetRow:
+def net_row(installed: bool, counted: counters.Counters) -> NetRow:
     """The flush net's row: armed or not and why (engine/net.py arms it when TE's base module is
     imported), and what it cleared (engine/stats.py)."""
-    from te_offload_shim.engine import net
+    from te_offload_shim.engine import net, stats_file
     from te_offload_shim.te import layers
 
     arming = net.arming()
@@ -86,7 +88,7 @@ def net_row(installed: bool) -> NetRow:
         detail = detail or "the shim is not installed"
     elif state == "not armed" and not detail:
         state, detail = ("off", f"{_switches.NET}=0") if not _switches.net() else (state, _NOT_IMPORTED)
-    counts, callers = counters.net_counts()
+    counts = stats_file.net_totals(counted)
     return {
         "state": state,
         "detail": detail,
@@ -96,20 +98,19 @@ def net_row(installed: bool) -> NetRow:
         "entries": counts["entries"],
         "bytes": counts["bytes"],
         "primary_weight_cleared": counts["primary_weight_cleared"],
+        "undecided": counts["undecided"],
         "live_layers": layers.count(),
-        "found_at_arming": arming["found"],
+        "found_at_arming": counted.arming.found,
         "frozen_not_searched": counts["frozen_not_searched"],
-        "callers": callers,
+        "callers": list(counted.net.callers),
+        "undecided_layers": list(counted.net.undecided_names),
     }
 
 
 _NOT_IMPORTED = "Transformer Engine's PyTorch modules are not imported: torch's flush is its own"
 
 
-def _caching_off_detail(name: str) -> str:
-    off = counters.caching_off_at_last_call(name)
-    if not off:
-        return ""
+def _caching_off_detail(off: dict[str, int]) -> str:
     from te_offload_shim.te.caching_off import describe
 
     return f"nothing to clear at its last call: FP8 weight caching is off by configuration in {describe(off)}"

@@ -34,13 +34,12 @@ import weakref
 from typing import Any
 
 from te_offload_shim._locks import Lock
-from te_offload_shim._reload import kept
 from te_offload_shim.integrations.megatron import DDP_BUFFER_LISTS
 
-# The state below outlives a reload of this module (`kept`).
-_owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = kept(globals(), "_owners", weakref.WeakKeyDictionary)
-_orphans: weakref.WeakSet[Any] = kept(globals(), "_orphans", weakref.WeakSet)
-_lock = kept(globals(), "_lock", Lock)  # fork-safe, like every lock of the package
+# What the searches found (a reload of this module searches again, once per buffer)
+_owners: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
+_orphans: weakref.WeakSet[Any] = weakref.WeakSet()
+_lock = Lock()  # fork-safe, like every lock of the package
 _DDP_MODULES = (
     "megatron.core.distributed.distributed_data_parallel",
     "megatron.core.distributed",

@@ -4,22 +4,20 @@ The call path asks `begin()` right before the original offload runs (the shim's 
 done by then) and calls `finish()` on what it got once the original has returned. This module is
 loaded there, only where the audit is on; a call the shim left alone (or the shim switched off) has
 its chunks found here, through the handler's own reading of the call (`locate`). In between this
-holds the located model chunks, as the call itself does; afterwards nothing: the report kept for
-`stats()` is plain data. Nothing here may raise into the offload, strict mode included: a
-diagnostic that can break the run it diagnoses would not be switched on.
+holds the located model chunks, as the call itself does; afterwards nothing: the report is plain
+data, handed to the engine's counter (which keeps the latest for `stats()`) and returned. Nothing
+here may raise into the offload, strict mode included: a diagnostic that can break the run it
+diagnoses would not be switched on.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from te_offload_shim import _switches
-from te_offload_shim._locks import Lock
-from te_offload_shim._log import fail_open, first_line_level, log
-from te_offload_shim._reload import kept
+from te_offload_shim._log import fail_open, log
 
 
 class Target(Protocol):
@@ -28,24 +26,6 @@ class Target(Protocol):
 
     @property
     def path(self) -> str: ...
-
-
-# The state below outlives a reload of this module (`kept`).
-_lock = kept(globals(), "_lock", Lock)
-_audits: int = kept(globals(), "_audits", int)
-_latest: dict[str, Any] | None = kept(globals(), "_latest", lambda: None)
-
-
-def latest() -> dict[str, Any] | None:
-    """The last audit's report as plain data (`ResidueReport.as_dict()` plus target, count, time)."""
-    with _lock:
-        return None if _latest is None else dict(_latest)
-
-
-def reset() -> None:
-    global _audits, _latest
-    with _lock:
-        _audits, _latest = 0, None
 
 
 class Pending:
@@ -59,32 +39,21 @@ class Pending:
         self.device_type = device_type
         self.started = time.perf_counter()
 
-    def finish(self) -> None:
-        """Report and log what the offload left. Never raises."""
-        global _audits, _latest
+    def finish(self, count: Callable[[dict[str, Any]], int]) -> dict[str, Any] | None:
+        """Report what the offload left: the report as plain data (`ResidueReport.as_dict()` plus
+        target, time and how long the offload took), handed to `count` (the engine's counter, which
+        returns the level of its line) and logged at that level; None where it failed. Never raises."""
         try:
             from te_offload_shim.reports import residue
 
             report = residue.residue(self.models, device_type=self.device_type)
             seconds = time.perf_counter() - self.started
-            with _lock:
-                _audits += 1
-                first = _audits == 1
-                _latest = {
-                    "target": self.target.path,
-                    "audits": _audits,
-                    "offload_s": seconds,
-                    "time": time.time(),
-                    **report.as_dict(),
-                }
-            log(
-                first_line_level() if first else logging.DEBUG,  # the first clearing's rule: seen once per job
-                "te_offload_shim: audit after %s: %s",
-                self.target.path,
-                report.summary(),
-            )
+            found = {"target": self.target.path, "offload_s": seconds, "time": time.time(), **report.as_dict()}
+            log(count(found), "te_offload_shim: audit after %s: %s", self.target.path, report.summary())
+            return found
         except Exception as exc:
             fail("finish", exc)
+            return None
         finally:
             self.models = None
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from te_offload_shim._reload import kept
 
-# Kept by a reload of this module (`kept`): the layers noted before it are still live.
+# Kept by a reload of this module (`kept`): the layers the hooks in place noted are still live, and
+# the search over the heap that finds those built before runs only once, when the net arms.
 # id(layer) -> weak reference, in build order: a flush visits the layers in the order their objects
 # lie in memory, which misses the CPU cache far less than hash order. Edited only by single dict
 # operations, each atomic under the GIL, so a flush on one thread may read it while another builds a

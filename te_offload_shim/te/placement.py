@@ -39,14 +39,18 @@ from collections.abc import Iterable, Sequence
 from functools import cache
 from typing import Any, Protocol
 
+from te_offload_shim._reload import kept
+
 DEVICE_TYPE = "cuda"  # the device type whose tensors count as "on the device"
 
 # Handed down by `know` (integrations/flush.py): the type names and instance attributes by which a
 # sharding wrapper marks the parameters it manages, and the attributes an offload leaves on a
-# parameter it swaps for an empty tensor on the device.
-_sharded_types: frozenset[str] = frozenset()
-_sharded_marks: tuple[str, ...] = ()
-_offload_marks: tuple[str, ...] = ()
+# parameter it swaps for an empty tensor on the device. Told once, when the net arms, and read at
+# every flush: kept by a reload of this module (`kept`), which would otherwise take a reshard for an
+# offload.
+_sharded_types: frozenset[str] = kept(globals(), "_sharded_types", frozenset)
+_sharded_marks: tuple[str, ...] = kept(globals(), "_sharded_marks", tuple)
+_offload_marks: tuple[str, ...] = kept(globals(), "_offload_marks", tuple)
 # Where a TE quantized parameter keeps its bytes (te/sizes.py has the full list, for caches).
 QUANTIZED_DATA = ("_data", "_rowwise_data", "_columnwise_data")
 
@@ -87,25 +91,41 @@ def _kept(tensor: Any) -> bool:
     return not any(mark in d for mark in _offload_marks)
 
 
-def _decide(layer: Any, is_device: str) -> tuple[bool, str | None]:
+def _decide(layer: Any, is_device: str) -> tuple[bool, str | None, str | None]:
     """(whether every one of `layer`'s own parameters (at least one) has left the device, and none is
     managed by a sharding wrapper (wherever that wrapper's data is: on the device, on the CPU after a
     CPU offload of FSDP1 or FSDP2, or freed by a reshard); the name of an own parameter found on the
-    device, or None)."""
+    device holding bytes, or None; the name of one on the device holding none where nothing else
+    decides: the rule cannot tell a reshard from an offload that marked nothing, and keeps the layer
+    undecided, which the net counts and names)."""
     try:
         params = object.__getattribute__(layer, "__dict__").get("_parameters") or {}
         found = False  # no parameters: nothing says it was offloaded
+        empty = None
         for name, p in list(params.items()):
             if p is None:
                 continue
             if _sharded(p):
-                return False, None  # a sharding wrapper's weight: never an offload, on or off the device
+                return False, None, None  # a sharding wrapper's weight: never an offload, on or off the device
             if on_device(p, is_device):
-                return False, name
+                if not _holds_nothing(p):
+                    return False, name, None
+                empty = empty or name
+                continue
             found = True
-        return found, None
+        return found and empty is None, None, empty
     except Exception:
-        return False, None
+        return False, None, None
+
+
+def _holds_nothing(tensor: Any) -> bool:
+    """Whether a tensor the rule counts as on the device holds no bytes there (its data, or each of
+    a TE quantized tensor's inner data tensors, swapped for an empty one)."""
+    if type(tensor) in _plain_types():
+        return not tensor.untyped_storage().nbytes()
+    d = object.__getattribute__(tensor, "__dict__")
+    inner = [d[name] for name in QUANTIZED_DATA if d.get(name) is not None]
+    return bool(inner) and not any(t.untyped_storage().nbytes() for t in inner)
 
 
 class Probe(Protocol):
@@ -117,9 +137,11 @@ class Probe(Protocol):
     def __call__(self) -> Any: ...
 
 
-def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) -> list[Any]:
+def offloaded_entries(
+    entries: Sequence[Probe], is_device: str | None = None, undecided: list[str] | None = None
+) -> list[Any]:
     """The layers of `entries` (weak references with a probe, te/layers.py) whose weights have all
-    left the device (`_decide`).
+    left the device (`_decide`); `undecided` gets `Class.parameter` of each layer it cannot decide.
 
     This runs at every allocator flush over every live TE layer, and almost always finds each
     layer on the device. Any one own parameter on the device decides that (the layer is never
@@ -164,11 +186,13 @@ def offloaded_entries(entries: Sequence[Probe], is_device: str | None = None) ->
                         continue  # an FP8 primary weight whose data is on the device
         except Exception:
             continue  # not knowing is "on"
-        left, on = _decide(layer, is_device)
+        left, on, empty = _decide(layer, is_device)
         if on is not None:
             entry.probe = on
         if left:
             found.append(layer)
+        elif empty is not None and undecided is not None:
+            undecided.append(f"{type(layer).__name__}.{empty}")
     return found
 
 

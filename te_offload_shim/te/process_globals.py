@@ -25,11 +25,9 @@ module only where `TE_OFFLOAD_SHIM_TE_GLOBALS` is on, so a plain training run lo
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Any
 
-from te_offload_shim._locks import Lock
-from te_offload_shim._log import human_bytes, log
-from te_offload_shim._reload import kept
 from te_offload_shim.te import sizes
 from te_offload_shim.te.report import CacheReport
 
@@ -37,20 +35,15 @@ TE_BASE = "transformer_engine.pytorch.module.base"
 DUMMY_WGRADS = "_dummy_wgrads"
 GRAPHED = "CUDA graphs: "  # how the clearing names a chunk it left for its graphs (te/caches.py)
 
-# Kept by a reload of this module (`kept`), like every counter of the package.
-_lock = kept(globals(), "_lock", Lock)
-_totals: dict[str, Any] = kept(globals(), "_totals", lambda: {"calls": 0, "entries": 0, "bytes": 0, "kept": {}})
 
+@dataclass(frozen=True)
+class GivenBack:
+    """What one offload's `give_back` did: `entries` tensors holding `bytes` given back, or none
+    because a CUDA graph may hold them (`kept`: why). The engine adds these up (engine/stats.py)."""
 
-def totals() -> dict[str, Any]:
-    """What the offloads gave back so far: calls, entries, bytes, and `kept` {reason: calls}."""
-    with _lock:
-        return {**_totals, "kept": dict(_totals["kept"])}
-
-
-def reset() -> None:
-    with _lock:
-        _totals.update(calls=0, entries=0, bytes=0, kept={})
+    entries: int = 0
+    bytes: int = 0
+    kept: str | None = None
 
 
 def private_pools(torch: Any) -> dict[str, int]:
@@ -86,30 +79,18 @@ def _why_kept(torch: Any, report: CacheReport) -> str | None:
     return None
 
 
-def give_back(report: CacheReport) -> None:
+def give_back(report: CacheReport) -> GivenBack | None:
     """After the clearing of one offload (`report`): pop TE's `_dummy_wgrads`, unless a CUDA graph may
-    hold them. Reads TE only from `sys.modules`; imports nothing."""
+    hold them; what it did, or None where TE holds none. Reads TE only from `sys.modules`; imports
+    nothing."""
     base = sys.modules.get(TE_BASE)
     torch = sys.modules.get("torch")
     held = vars(base).get(DUMMY_WGRADS) if base is not None else None
     if torch is None or type(held) is not dict or not held:
-        return
+        return None
     reason = _why_kept(torch, report)
     if reason is not None:
-        with _lock:
-            _totals["kept"][reason] = _totals["kept"].get(reason, 0) + 1
-        return
+        return GivenBack(kept=reason)
     nbytes = sum(sizes.storages(list(held.values()), torch).values())
     entries = sum(held.pop(key, None) is not None for key in list(held))  # popped, never resized
-    with _lock:
-        first = _totals["calls"] == 0
-        _totals["calls"] += 1
-        _totals["entries"] += entries
-        _totals["bytes"] += nbytes
-    log(
-        20 if first else 10,
-        "te_offload_shim: gave back TE's %s: %d tensors, %s",
-        DUMMY_WGRADS,
-        entries,
-        human_bytes(nbytes),
-    )
+    return GivenBack(entries, nbytes)

@@ -37,7 +37,15 @@ def test_our_hook_is_recognised_by_name_and_by_value() -> None:
 
 
 def test_the_hook_pickles_by_value_and_fails_open_where_the_package_is_missing(tmp_path: Path) -> None:
+    """Where the package is missing, the hook says so in one line, with `[rank N]` as every line of
+    the package has it (read from the variables `_switches.rank()` reads, written out in the hook:
+    the package is what cannot be imported there), and returns."""
     import cloudpickle  # Ray's own ray.cloudpickle is a vendored copy of it
+
+    from te_offload_shim import _switches
+    from te_offload_shim.activation import ray_worker
+
+    assert _switches.RANK_VARIABLES in ray_worker.setup_worker.__code__.co_consts, "the same variables, in order"
 
     blob = tmp_path / "hook.pickle"
     blob.write_bytes(cloudpickle.dumps(rre.worker_hook()))
@@ -50,6 +58,17 @@ def test_the_hook_pickles_by_value_and_fails_open_where_the_package_is_missing(t
         "'te_offload_shim'); it runs without the shim. Install te-offload-shim in this worker's Python environment "
         "to have it here.\n"
     )
+    for ranks, said in [
+        ({"RANK": "3"}, "[rank 3] "),
+        ({"SLURM_PROCID": "07"}, "[rank 7] "),
+        ({"RANK": "-1", "OMPI_COMM_WORLD_RANK": "2"}, "[rank 2] "),  # no rank: the next variable is asked
+        ({"PMI_RANK": "\u00b2"}, ""),  # a digit to str.isdigit, no number to int()
+    ]:
+        ranked = subprocess.run(
+            [python, loader, blob], capture_output=True, text=True, env={**clean_env(), **ranks}, timeout=60
+        )
+        assert (ranked.returncode, ranked.stdout) == (0, "returned\n"), ranked.stderr
+        assert ranked.stderr == missing.stderr.replace("te_offload_shim: ", f"te_offload_shim: {said}", 1), ranks
     off = subprocess.run(
         [python, loader, blob], capture_output=True, text=True, env={**clean_env(), "TE_OFFLOAD_SHIM": "0"}, timeout=60
     )

@@ -92,6 +92,77 @@ def test_two_ranks_stats_files_are_written_at_exit_and_summed(tmp_path: Path, mo
     assert not_stats.returncode == 2 and not_stats.stderr.startswith("te-offload-shim stats: cannot read"), not_stats
 
 
+def test_ranks_only_torch_distributed_knows_write_one_file_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spawned ranks (world size 2, gloo) whose rank comes only from `init_process_group(rank=...)`
+    clear, destroy the process group and exit: one file per process, named by the rank known at its
+    first write, which its `rank` says; `stats` sums 2 processes. (The exit write, after
+    `destroy_process_group()`, went to a second `...-none.json`, and `stats` summed 4 processes.) A
+    process that never knew its rank says so in its file (`rank` null)."""
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_TARGETS", "shim_targets:offload")
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_STATS", str(tmp_path / "stats" / "stats-{rank}.json"))
+    (tmp_path / "stats").mkdir()
+    spawn = multiprocessing.get_context("spawn")
+    store = str(tmp_path / "store")
+    ranks = [spawn.Process(target=stats_rank.one_torch_rank, args=(rank, 2, store, rank + 1)) for rank in (0, 1)]
+    for process in ranks:
+        process.start()
+    for process in ranks:
+        process.join(180)
+    assert [process.exitcode for process in ranks] == [0, 0]
+    files = sorted(str(p) for p in (tmp_path / "stats").iterdir())
+    assert [Path(f).name for f in files] == ["stats-0.json", "stats-1.json"], "one file per process"
+    documents = [json.loads(Path(f).read_text()) for f in files]
+    assert [(d["rank"], d["calls"], d["cleared_calls"]) for d in documents] == [("0", 2, 1), ("1", 3, 2)], documents
+    proc = _cli("stats", *files)
+    total = json.loads(proc.stdout)
+    assert proc.returncode == 0 and (total["processes"], total["ranks"]) == (2, ["0", "1"]), proc
+    assert (total["calls"], total["cleared_calls"], total["entries"]) == (5, 3, 3), total
+
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_STATS", str(tmp_path / "alone-{rank}.json"))
+    monkeypatch.delenv("RANK", raising=False)
+    alone = spawn.Process(target=stats_rank.one_rank, args=(None, 1))
+    alone.start()
+    alone.join(120)
+    assert alone.exitcode == 0
+    assert json.loads((tmp_path / "alone-none.json").read_text())["rank"] is None, "never known, said in the file"
+
+
+_NOT_STATS: dict[str, bytes | None] = {
+    "nested past json's reach": b"[" * 100_000,  # json.load raises RecursionError
+    "nested within it": b'{"net": ' * 950 + b"1" + b"}" * 950,  # json reads it; summing must not follow it
+    "a string where a number is": b'{"calls": "3"}',
+    "an array in an object": b'{"by_target": {"verl": [1, 2]}}',
+    "a boolean": b'{"calls": true}',
+    "binary junk": bytes(range(256)) * 4,
+    "empty": b"",
+    "an integer of 5000 digits": b'{"calls": ' + b"9" * 5000 + b"}",
+    "an object where the other file has a number": b'{"net": 3}',
+    "a folder": None,
+}
+
+
+@pytest.mark.parametrize("case", list(_NOT_STATS))
+def test_stats_answers_any_file_that_is_no_stats_file_in_one_line(tmp_path: Path, case: str) -> None:
+    """`te-offload-shim stats GOOD BAD`, whatever BAD holds: one line on stderr, exit 2, nothing on
+    stdout, never a traceback (nesting raised RecursionError through, and wrong types were summed as
+    nothing, exit 0)."""
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"calls": 1, "net": {"flushes": 2}, "rank": "0"}))
+    bad = tmp_path / "bad.json"
+    content = _NOT_STATS[case]
+    if content is None:
+        bad.mkdir()
+    else:
+        bad.write_bytes(content)
+    proc = _cli("stats", str(good), str(bad))
+    lines = proc.stderr.splitlines()
+    assert (proc.returncode, proc.stdout) == (2, ""), proc
+    assert len(lines) == 1 and lines[0].startswith("te-offload-shim stats: cannot "), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_stats_files_written_by_threads_at_once_are_always_whole(tmp_path: Path) -> None:
     """A wrapped offload and a flush on two threads write the stats file at once: each write has a
     temporary file of its own (they shared one, and one thread's `os.replace` took the other's)."""

@@ -152,6 +152,43 @@ def test_a_layer_half_on_the_device_is_left_alone() -> None:
 
 
 @pytest.mark.subprocess(env=NO_TABLE)
+def test_a_layer_the_net_cannot_decide_is_counted_and_named(capsys: pytest.CaptureFixture[str]) -> None:
+    """A TE layer whose weights were offloaded but for an own parameter empty on the device (no
+    bytes, no elements, no offload's mark: what a reshard leaves, and an offload that marks nothing)
+    keeps its caches, as the rule keeps any layer it cannot decide, and says so: counted per flush
+    in `status()["net"]["undecided"]` and `stats()["net"]`, named `Class.parameter`, and shown in the
+    `te-offload-shim status` line. A layer with a weight on the device holding bytes is decided (on),
+    and a sharding wrapper's is decided too: neither counts."""
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+    from te_offload_shim import cli
+
+    te = net_case.load()
+    undecided, on, sharded = (net_case.cached_linear(te, seed) for seed in range(3))
+    undecided.weight.data.untyped_storage().resize_(0)  # offloaded as megatron-core's buffer does
+    undecided.bias.data = torch.empty(0)  # an empty tensor on the device: the twin's device is its CPU
+    on.bias.data = torch.empty(0)  # its weight is on the device, with its bytes
+    sharded.weight.data.untyped_storage().resize_(0)
+    sharded.bias.data = torch.empty(0)
+    sharded.bias.ds_id = 0  # DeepSpeed ZeRO-3's mark: a reshard, never an offload
+    for _ in range(2):
+        torch.cuda.empty_cache()
+    assert [net_case.entries(layer) for layer in (undecided, on, sharded)] == [1, 1, 1], "nothing cleared"
+    row = te_offload_shim.status()["net"]
+    assert (row["undecided"], row["undecided_layers"], row["cleared_flushes"]) == (2, ["Linear.bias"], 0), row
+    assert te_offload_shim.stats()["net"]["undecided"] == 2
+    capsys.readouterr()
+    cli.main(["status"])
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("flush net:")]
+    assert len(printed) == 1 and printed[0].endswith(
+        "; 2 TE layers left undecided (an own weight empty on the device, as a reshard or an offload that marks "
+        "nothing leaves it): Linear.bias"
+    ), printed
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
 def test_a_direct_check_leaves_the_next_flush_checked() -> None:
     """The check called directly (as benchmarks/net.py times it) puts the per-thread mark back as it
     found it: it left the mark set, and every later flush of that thread skipped the net unsaid."""
@@ -500,6 +537,69 @@ def test_fp8_primary_weights_transposes_cleared_by_the_net_are_counted_logged_an
     assert len(printed) == 1 and f"FP8 primary weights' transposes dropped ({transpose / 1024:.2f} KiB)" in printed[0]
 
 
+@pytest.mark.subprocess(verl="0.8.0", env={"TE_OFFLOAD_SHIM_NET": "0"})
+def test_fp8_primary_weights_transposes_cleared_by_a_table_target_are_counted_logged_and_written(
+    caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    """The table's twin of the test above: TE 2.20.2's own `Linear` under `quantized_model_init`,
+    offloaded by verl 0.8.0's own `offload_megatron_model_to_cpu` (the table's `verl` row; the net
+    off, so the table alone clears). What its clearing drops (the weight's transpose: no workspace
+    entry) counts as the net's does: a cleared call, its bytes in `primary_weight_cleared` of
+    `stats()` (the table's totals and the target's), of the target's `status()` row, the first line
+    said once, and the stats file written at once (not only at exit). The row switched off at run
+    time (`TE_OFFLOAD_SHIM_DISABLE=verl`) keeps the transposes: the baseline."""
+    import json
+
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+    from harness import te_twin
+
+    te = net_case.load()
+    from transformer_engine.common.recipe import DelayedScaling
+    from verl.utils import megatron_utils
+
+    caplog.set_level(logging.INFO, logger="te_offload_shim")
+    stats_file = tmp_path / "stats-{pid}.json"
+    os.environ["TE_OFFLOAD_SHIM_STATS"] = str(stats_file)
+    written = tmp_path / f"stats-{os.getpid()}.json"
+
+    def trained() -> Any:
+        with te_twin.model_init(DelayedScaling()):
+            layer = te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32)
+        net_case.forward(layer, is_first_microbatch=True)
+        assert type(layer.weight).__name__ == "Float8Tensor" and layer.weight._transpose is not None
+        assert not layer._fp8_workspaces, "an FP8 primary weight has no workspace entry"
+        return layer
+
+    os.environ["TE_OFFLOAD_SHIM_DISABLE"] = "verl"
+    layer = trained()
+    megatron_utils.offload_megatron_model_to_cpu([layer])
+    assert layer.weight._transpose is not None, "the row switched off keeps the transpose"
+    assert not written.exists(), "nothing cleared, nothing written"
+    del os.environ["TE_OFFLOAD_SHIM_DISABLE"]
+    layer = trained()
+    transpose = layer.weight._transpose.untyped_storage().nbytes()
+    megatron_utils.offload_megatron_model_to_cpu([layer])
+    assert layer.weight._transpose is None, "the table's clearing dropped the transpose"
+
+    stats = te_offload_shim.stats()
+    assert (stats["calls"], stats["cleared_calls"], stats["entries"]) == (1, 1, 0), "a call switched off is no call"
+    assert stats["primary_weight_cleared"] == transpose > 0, stats
+    assert stats["by_target"]["verl"]["primary_weight_cleared"] == transpose, stats["by_target"]
+    row = next(r for r in te_offload_shim.status()["targets"] if r["name"] == "verl")
+    assert row["state"] == "patched" and row["primary_weight_cleared"] == transpose, row
+    said = [r for r in caplog.records if "transposes of FP8 primary weights" in r.getMessage()]
+    assert len(said) == 1 and said[0].getMessage().endswith(
+        f"offload_megatron_model_to_cpu: dropped the transposes of FP8 primary weights ({transpose / 1024:.2f} KiB) "
+        "before the flush"
+    ), [r.getMessage() for r in said]
+    on_disk = json.loads(written.read_text())
+    assert (on_disk["cleared_calls"], on_disk["primary_weight_cleared"]) == (1, transpose), on_disk
+    del os.environ["TE_OFFLOAD_SHIM_STATS"]
+
+
 @pytest.mark.subprocess(env=NO_TABLE)
 def test_the_checks_one_look_covers_tes_quantized_parameters() -> None:
     """At a flush with nothing to clear, a layer whose weights are TE's quantized parameters (FP8
@@ -531,7 +631,7 @@ def test_the_checks_one_look_covers_tes_quantized_parameters() -> None:
     full = placement._decide
     read: list[Any] = []
 
-    def counted(layer: Any, is_device: str) -> tuple[bool, str | None]:
+    def counted(layer: Any, is_device: str) -> tuple[bool, str | None, str | None]:
         read.append(layer)
         return full(layer, is_device)
 

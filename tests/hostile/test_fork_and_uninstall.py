@@ -47,7 +47,7 @@ def test_a_child_forked_while_every_lock_is_held_can_patch_clear_and_report(tmp_
     write_module(tmp_path, "fork_target", "def offload(models):\n    return 'offloaded'\n")
     layer = cached_layer()
     locks = _package_locks()
-    assert len(locks) >= 8, locks
+    assert len(locks) >= 6, locks  # the hook's; _log's, the registry's, the counters', the stats file's, megatron_ddp's
     holding, release = threading.Event(), threading.Event()
 
     def hold_all() -> None:

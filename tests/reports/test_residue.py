@@ -166,6 +166,7 @@ def test_audit_fails_open_even_in_strict_mode(
 ) -> None:
     import torch  # noqa: F401  # residue() takes torch from sys.modules: without it, nothing is inspected
 
+    from te_offload_shim.engine import stats
     from te_offload_shim.engine.handler import Handler
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.integrations.targets import Target
@@ -195,13 +196,12 @@ def test_audit_fails_open_even_in_strict_mode(
         assert located is not None and located.models is None
         pending = audit.begin(target, Exploding())
         assert pending is not None
-        pending.finish()
-        latest = audit.latest()
+        latest = pending.finish(stats.count_audit)
         # An iterable the offload iterates is never iterated by the audit: reported, not raised.
         assert latest is not None and latest["total_bytes"] == 0 and "not inspected" in latest["errors"][0]
         assert pending.models is None, "nothing kept after the report"
     finally:
-        audit.reset()
+        stats.reset()
     assert sum("residue audit (locate) failed" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -212,10 +212,10 @@ def test_the_audit_of_a_call_the_shim_left_alone_finds_the_calls_chunks(monkeypa
 
     import torch
 
+    from te_offload_shim.engine import stats
     from te_offload_shim.engine.handler import Handler
     from te_offload_shim.engine.registry import Record
     from te_offload_shim.integrations.targets import Target
-    from te_offload_shim.reports import audit
 
     def offload(models: object) -> str:
         return "offloaded"
@@ -224,13 +224,13 @@ def test_the_audit_of_a_call_the_shim_left_alone_finds_the_calls_chunks(monkeypa
     monkeypatch.setenv("TE_OFFLOAD_SHIM_DISABLE", "left-alone")
     target = Target("left-alone", "m", "offload", "models")
     handler = Handler(target, inspect.signature(offload), "function", Record("target", None, "offload", offload))
-    audit.reset()
+    stats.reset()
     try:
         assert handler(offload, None, ([torch.nn.Linear(4, 4)],), {}) == "offloaded"
-        latest = audit.latest()
+        latest = stats.counts()["audit"]
         assert latest is not None and latest["by_category"]["parameters"] == (16 + 4) * F32, latest
     finally:
-        audit.reset()
+        stats.reset()
 
 
 def test_audit_hands_the_applications_signal_handler_exception_on(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,6 +241,7 @@ def test_audit_hands_the_applications_signal_handler_exception_on(monkeypatch: p
 
     import torch
 
+    from te_offload_shim.engine import stats
     from te_offload_shim.integrations.targets import Target
     from te_offload_shim.reports import audit, residue
 
@@ -261,15 +262,15 @@ def test_audit_hands_the_applications_signal_handler_exception_on(monkeypatch: p
         pending = audit.begin(target, [torch.nn.Linear(2, 2)])
         assert pending is not None
         with pytest.raises(StepTimeout, match="step 7"):
-            pending.finish()
+            pending.finish(stats.count_audit)
         assert pending.models is None, "nothing kept after the audit"
     finally:
         signal.signal(signal.SIGALRM, old)
-        audit.reset()
+        stats.reset()
     monkeypatch.setattr(residue, "residue", lambda models, **_: 1 / 0)
     pending = audit.begin(target, [])
     assert pending is not None
-    pending.finish()  # its own failure: said once, never raised
+    assert pending.finish(stats.count_audit) is None  # its own failure: said once, never raised
 
 
 @pytest.mark.subprocess(fresh=True)

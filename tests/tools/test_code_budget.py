@@ -31,8 +31,8 @@ TOOLS = (
     "te_offload_shim.activation.pth",
     "te_offload_shim.integrations.versions",
 )
-# Runtime, loaded only when asked for (`residue()`, TE_OFFLOAD_SHIM_AUDIT; stats() reads the audit only
-# while it is on; TE_OFFLOAD_SHIM_TE_GLOBALS; stats() and TE_OFFLOAD_SHIM_STATS; a user's call of the API)
+# Runtime, loaded only when asked for (`residue()`, TE_OFFLOAD_SHIM_AUDIT; TE_OFFLOAD_SHIM_TE_GLOBALS;
+# TE_OFFLOAD_SHIM_STATS; a user's call of the API)
 # or by a target verl 0.8.0 never calls (megatron-core's buffer offload): not by a plain training run
 ON_REQUEST = (
     "te_offload_shim.api",
@@ -66,7 +66,7 @@ def _a_training_process() -> dict[str, int]:
     ddp = gpt.build("hybrid", layers=1, recipe="delayed", bf16=False)
     gpt.train_step(ddp, 0)
     caller.offload_megatron_model_to_cpu([ddp])
-    loaded = loaded_package_files()  # before stats(), which loads the report's modules a person asks for
+    loaded = loaded_package_files()  # before stats(), which loads the API a person asks for
     assert te_offload_shim.stats()["entries"] == 4, "the offload was cleared"
     print(
         f"{len(loaded)} modules, {sum(loaded.values())} code lines:",

@@ -65,14 +65,12 @@ def test_dummy_wgrads_are_given_back_and_rebuilt_by_te(release: str) -> None:
     del dummies
 
     graphed = CacheReport(skipped=[Skipped("chunk0", "CUDA graphs: config.cuda_graph_impl='local'", 1)])
-    process_globals.reset()
-    process_globals.give_back(graphed)
-    assert base._dummy_wgrads and process_globals.totals()["kept"] == {"a chunk of this call is CUDA-graphed": 1}
+    kept_back = process_globals.give_back(graphed)
+    assert base._dummy_wgrads and kept_back == process_globals.GivenBack(kept="a chunk of this call is CUDA-graphed")
 
-    process_globals.give_back(clear_fp8_workspaces(given))
+    done = process_globals.give_back(clear_fp8_workspaces(given))
     assert base._dummy_wgrads == {}
-    done = process_globals.totals()
-    assert (done["calls"], done["entries"], done["bytes"]) == (1, 1, expected)
+    assert done == process_globals.GivenBack(entries=1, bytes=expected)
     gc.collect()
     assert [r() for r in refs] == [None], "freed: nothing else held them"
 
