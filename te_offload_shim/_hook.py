@@ -56,17 +56,14 @@ def namespace(module: object) -> "dict[str, Any] | None":
 def finished(module: object) -> bool:
     """Whether `module`'s body has run to its end, read without running any of its code."""
     d = namespace(module)
-    if d is None:
-        return False
     try:
-        spec = d.get("__spec__")
-        # The import system marks a module whose body is running; no public API says so.
-        if getattr(spec, "_initializing", False):
-            return False
+        spec = d.get("__spec__") if d is not None else None
         # Python 3.12+'s LazyLoader imports `threading` after the module is in sys.modules and before
         # it makes the module lazy: while its spec still names the LazyLoader, nothing has run.
-        lazy = getattr(sys.modules.get("importlib.util"), "LazyLoader", None)
-        return lazy is None or not isinstance(getattr(spec, "loader", None), lazy)
+        lazy = getattr(sys.modules.get("importlib.util"), "LazyLoader", ())  # isinstance(x, ()) is False
+        # `_initializing`: the import system's mark of a module whose body runs; no public API says so
+        loader = getattr(spec, "loader", None)
+        return d is not None and not getattr(spec, "_initializing", False) and not isinstance(loader, lazy)
     except Exception:
         return False
 
@@ -91,9 +88,9 @@ class ImportHook:
         self.problems: list[str] = []  # TE_OFFLOAD_SHIM_TARGETS entries that were ignored
         self.errors: dict[str, str] = {}  # module -> why its callback failed
         self._fired: dict[str, object] = {}  # name -> the module object its callback ran for
-        self._claimed: dict[str, tuple[object, int]] = {}  # name -> (module, thread) being fired now
+        self._claimed: dict[str, object] = {}  # name -> the module object whose callback runs now
         self._flights: dict[int, Any] = {}  # thread running callbacks -> a lock it holds meanwhile
-        self._searching: dict[int, set[str]] = {}  # per thread: names it asks the finders behind us for
+        self._searching: set[tuple[int, str]] = set()  # (thread, name) it asks the finders behind us for
         self._depth: dict[int, int] = {}  # per thread: chained imports running, outside in
         self._forking: dict[int, bool] = {}  # per thread: a fork in progress, and whether it holds the lock
         self._fork_hooks_after_logging = False
@@ -113,7 +110,7 @@ class ImportHook:
             self.watched = dict(watched)
             self.installed = True
             self._to_front()
-        self.fire_due()
+        self._fire(None, None, 0)  # the watched modules imported before: at once
         return True
 
     def uninstall(self, restore: "Callable[[], int]") -> int:
@@ -125,10 +122,6 @@ class ImportHook:
             self._fired.clear()
             sys.meta_path = self._meta_path_without()
             return restore()
-
-    def fire_due(self) -> None:
-        """Run the callbacks of watched modules that finished importing without our loader."""
-        self._fire(None, None, 0)
 
     # --- the finder ---------------------------------------------------------------------------
 
@@ -142,17 +135,14 @@ class ImportHook:
         is_watched = fullname in watched
         if not is_watched and not self._due():
             return None
-        me = _thread.get_ident()
-        searching = self._searching.setdefault(me, set())
-        if fullname in searching:
+        key = (_thread.get_ident(), fullname)
+        if key in self._searching:
             return None  # our own look-up below, come back: the finders behind us answer
-        searching.add(fullname)
+        self._searching.add(key)
         try:
             spec = self._find_behind(fullname, path, target)
         finally:
-            searching.discard(fullname)
-            if not searching:
-                self._searching.pop(me, None)
+            self._searching.discard(key)
         loader = getattr(spec, "loader", None)
         if hasattr(loader, "exec_module") and not (type(loader) is ChainedLoader and loader._hook is self):
             spec.loader = ChainedLoader(self, loader, fullname if is_watched else None)
@@ -205,7 +195,7 @@ class ImportHook:
             flights[me] = token
         try:
             while True:
-                if name is not None and self._claim(name, module, me):
+                if name is not None:
                     self._run(name, module)
                 due = None if nested else self._due()
                 if not due:
@@ -216,35 +206,26 @@ class ImportHook:
                 flights.pop(me, None)
             token.release()
 
-    def _claim(self, name: str, module: "Any", me: int) -> bool:
-        with self._lock:
-            claimed = self._claimed.get(name)
-            if name not in self.watched or (claimed is not None and claimed[0] is module):
-                return False
-            self._claimed[name] = (module, me)
-            return True
-
     def _run(self, name: str, module: "Any") -> None:
-        """Run `name`'s callback, outside the lock; record it fired only once it returned, so that
-        one an interrupt cut short is due again."""
-        try:
-            self._callback(name, module)
-        except BaseException:
-            self._unclaim(name, module, fired=False)
-            raise
-        self._unclaim(name, module, fired=True)
-
-    def _unclaim(self, name: str, module: "Any", *, fired: bool) -> None:
+        """`name`'s callback, outside the lock, unless another thread runs it for `module` now;
+        recorded fired only once it returned, so that one an interrupt cut short is due again."""
         with self._lock:
-            if self._claimed.get(name, (None,))[0] is module:
-                del self._claimed[name]
-            if fired and self.installed:
-                self._fired[name] = module
+            spec = self.watched.get(name)  # None: not watched, or uninstalled meanwhile
+            if spec is None or self._claimed.get(name) is module:
+                return
+            self._claimed[name] = module
+        returned = False
+        try:
+            self._callback(name, spec, module)
+            returned = True
+        finally:
+            with self._lock:
+                if self._claimed.get(name) is module:
+                    del self._claimed[name]
+                if returned and self.installed:
+                    self._fired[name] = module
 
-    def _callback(self, name: str, module: "Any") -> None:
-        spec = self.watched.get(name)
-        if spec is None:  # uninstalled meanwhile
-            return
+    def _callback(self, name: str, spec: str, module: "Any") -> None:
         if not self._fork_hooks_after_logging:
             __import__("logging")  # the callbacks load it anyway
             self._register_fork_hooks()
@@ -262,8 +243,7 @@ class ImportHook:
                 why = f"{why}: {exc}"
             except Exception:  # an exception whose __str__ raises
                 pass
-            with self._lock:
-                self.errors[name] = why
+            self.errors[name] = why
             try:
                 resolve("te_offload_shim._log:warn_once")(
                     f"hook:{name}", "te_offload_shim: patching failed (%s: %s)", name, why
@@ -280,7 +260,7 @@ class ImportHook:
         fired, claimed = self._fired, self._claimed
         for name in watched.keys() & sys.modules.keys():
             module = sys.modules.get(name)
-            if fired.get(name) is not module and claimed.get(name, (None,))[0] is not module and finished(module):
+            if fired.get(name) is not module and claimed.get(name) is not module and finished(module):
                 found.append((name, module))
         if len(found) > 1:
             order = list(watched)
@@ -317,10 +297,11 @@ class ImportHook:
         self._forking.clear()
         self._lock = _thread.RLock()  # free whatever the parent's other threads held (the wait ran out)
         # Only this thread exists here: the others' callbacks never end in the child, so their modules
-        # are due again, and their per-thread marks go (in place: this thread may be inside `_fire`).
-        for name in [name for name, owner in self._claimed.items() if owner[1] != me]:
-            del self._claimed[name]
-        for per_thread in (self._flights, self._searching, self._depth):
+        # are due again (a callback of this thread's own, if it forked inside one, records itself as it
+        # returns), and their per-thread marks go, in place: this thread may be inside `_fire`.
+        self._claimed.clear()
+        self._searching -= {key for key in self._searching if key[0] != me}
+        for per_thread in (self._flights, self._depth):
             for thread in [thread for thread in per_thread if thread != me]:
                 del per_thread[thread]
 
