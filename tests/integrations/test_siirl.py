@@ -34,8 +34,8 @@ def _check(world: SimpleNamespace, r: dict[str, Any], reward_entry: str) -> None
     assert r["same"], "weights round-trip bit-identical"
     stats = shim.stats()
     assert stats["by_target"] == {
-        "siirl": {"calls": 1, "entries": 18, "bytes": world.initial["bytes"]},
-        reward_entry: {"calls": 1, "entries": 5, "bytes": world.initial_reward["bytes"]},
+        "siirl": {"calls": 1, "entries": 18, "bytes": world.initial["bytes"], "primary_weight_cleared": 0},
+        reward_entry: {"calls": 1, "entries": 5, "bytes": world.initial_reward["bytes"], "primary_weight_cleared": 0},
     }, "one call each, and none for megatron-core (siiRL never calls the buffer offload)"
     state = {t["name"]: t["state"] for t in shim.status()["targets"]}
     assert state["siirl"] == state[reward_entry] == "patched"
