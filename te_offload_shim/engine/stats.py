@@ -223,9 +223,8 @@ def undecided(names: list[str]) -> None:
     with _lock:
         _c.net.undecided += len(names)
         for name in names:
-            if len(_c.net.undecided_names) >= NAMES_MAX:
-                break
-            _c.net.undecided_names.setdefault(name, None)
+            if len(_c.net.undecided_names) < NAMES_MAX:  # as the callers: the first distinct ones
+                _c.net.undecided_names.setdefault(name, None)
 
 
 def net_armed(found: int, frozen: int) -> None:
