@@ -33,11 +33,13 @@ if TYPE_CHECKING:
 _inside = threading.local()
 
 
-def _left_alone(target: Target, reason: str) -> None:
+def _left_alone(target: Target, reason: str, nested: bool) -> None:
     """A call the target's skip rule left alone: counted under its reason, logged at debug level
-    (a skip is expected behaviour, and an offload can run every step)."""
-    stats.left_alone(target.name, reason)
-    log(10, "te_offload_shim: %s: left alone: %s", target.path, reason)
+    (a skip is expected behaviour, and an offload can run every step). Not a call inside another
+    wrapped call (`nested`): the outer one is what counts."""
+    if not nested:
+        stats.left_alone(target.name, reason)
+        log(10, "te_offload_shim: %s: left alone: %s", target.path, reason)
 
 
 def _count_clearing(target: Target, report: caches.CacheReport) -> None:
@@ -205,14 +207,12 @@ class Handler:
             return None, _NONE
         reason = target.skip(call) if target.skip is not None else None
         if reason:
-            if not nested:  # a call inside another wrapped call: the outer one is what counts
-                _left_alone(target, reason)
+            _left_alone(target, reason, nested)
             return None, _NONE
         try:
             models, params = self._chunks(call)
         except NotCalled as refused_call:
-            if not nested:
-                _left_alone(target, str(refused_call))
+            _left_alone(target, str(refused_call), nested)
             warn_once(f"not-called:{target.name}", "te_offload_shim: %s: %s", target.path, refused_call)
             return None, _NONE
         chunks, refused = as_chunks(models)

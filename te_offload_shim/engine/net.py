@@ -136,11 +136,6 @@ def _wrap_flush(module_name: str, attribute: str) -> bool:
 
 
 def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label: str) -> Callable[..., Any]:
-    try:
-        wraps = functools.wraps(original)
-    except Exception:  # an odd callable: keep torch's name at least
-        wraps = functools.wraps(original, assigned=(), updated=())
-
     # `_before_flush`, kept out of TorchDynamo's tracing where it is loaded (TE loads it): a flush
     # called from a `torch.compile`d function then runs the net eagerly at every call (a graph break,
     # as torch's own flush makes), rather than having it traced once into a graph whose guards know
@@ -155,7 +150,7 @@ def _flush_wrapper(original: Callable[..., Any], record: registry.Record, label:
     strict, from_signal = _switches.strict, raised_by_signal_handler
     inside = _inside  # held here: at interpreter shutdown the module's globals may be None already
 
-    @wraps
+    @functools.wraps(original)  # a callable it cannot copy from fails the arming, which fails open
     def empty_cache(*args: Any, **kwargs: Any) -> Any:
         if not record.armed or getattr(inside, "on", False):
             return original(*args, **kwargs)

@@ -67,13 +67,12 @@ class Record:
 
     def restore(self) -> bool:
         """Put the original back where our replacement still sits; True if the owner had it."""
-        restored = False
-        if self.in_place():
+        restored = self.in_place()
+        if restored:
             if self.original is ABSENT:
                 delattr(self.owner, self.name)
             else:
                 setattr(self.owner, self.name, self.original)
-            restored = True
         if self.aliases:
             rebind(self.replacement, self.original)
         return restored

@@ -174,8 +174,9 @@ def count_table(name: str, report: CacheReport) -> int | None:
         per.calls += 1
         table.primary_weight_bytes = report.primary_weight_bytes
         _c.caching_off = dict(report.caching_off)
-        per.caching_off = {}
         level = _clearing(table, report)
+        # why the target's last call cleared nothing, if it freed nothing
+        per.caching_off = dict(report.caching_off) if level is None else {}
         if level is not None:
             table.cleared_calls += 1
             table.released_bytes += report.released_bytes or 0
@@ -183,7 +184,6 @@ def count_table(name: str, report: CacheReport) -> int | None:
             per.bytes += report.bytes
             per.primary_weight_cleared += report.primary_weight_cleared
         elif report.caching_off:  # a 0 that is no clearing's doing says why, once per reason
-            per.caching_off = dict(report.caching_off)
             new = not _c.said_off.issuperset(report.caching_off)
             _c.said_off.update(report.caching_off)
             level = first_line_level() if new else logging.DEBUG
@@ -223,9 +223,8 @@ def undecided(names: list[str]) -> None:
     with _lock:
         _c.net.undecided += len(names)
         for name in names:
-            if len(_c.net.undecided_names) >= NAMES_MAX:
-                break
-            _c.net.undecided_names.setdefault(name, None)
+            if len(_c.net.undecided_names) < NAMES_MAX:  # as the callers: the first distinct ones
+                _c.net.undecided_names.setdefault(name, None)
 
 
 def net_armed(found: int, frozen: int) -> None:

@@ -5,8 +5,6 @@ buffer offload needs (and no other target), is integrations/megatron_ddp.py's, l
 target's first call.
 """
 
-from __future__ import annotations
-
 from te_offload_shim.te.graphs import GraphMarks
 
 # Megatron's marks of a CUDA-graphed chunk (te/graphs.py reads them; TE's own it knows itself):

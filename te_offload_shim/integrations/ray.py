@@ -55,10 +55,13 @@ _LOADERS = ("_load_actor_class_from_gcs", "_load_actor_class_from_local")
 
 
 def _wrap(kind: str, owner: Any, name: str, ref: tuple[str, str], handler: Callable[..., Any], **target: Any) -> bool:
-    """Wrap `owner.name` with `handler(record)`'s wrapper, as a registry record of `kind`."""
-    from te_offload_shim.engine.wrapper import ShimWrapper
+    """Wrap `owner.name` with `handler(record)`'s wrapper, as a registry record of `kind`; False (and
+    nothing done) where the owner has no such attribute of its own, or holds our wrapper there already."""
+    from te_offload_shim.engine.wrapper import ShimWrapper, is_ours
 
-    original = vars(owner)[name]
+    original = vars(owner).get(name)
+    if original is None or is_ours(original):
+        return False
     record = registry.Record(kind, owner, name, original, **target)
     record.handler = handler(record)
     return registry.add(record, ShimWrapper(original, record.handler, record, ref))
@@ -103,17 +106,13 @@ def _loader_handler(record: registry.Record) -> Callable[..., Any]:
 
 
 def on_function_manager_import(module: ModuleType) -> None:
-    from te_offload_shim.engine.wrapper import is_ours
-
     manager = getattr(module, "FunctionActorManager", None)
     if not isinstance(manager, type):
         return
     with registry.lock:
         for name in _LOADERS:
-            current = vars(manager).get(name)
-            if current is not None and not is_ours(current):
-                ref = (manager.__module__, f"{manager.__qualname__}.{name}")
-                _wrap("ray-loader", manager, name, ref, _loader_handler)
+            ref = (manager.__module__, f"{manager.__qualname__}.{name}")
+            _wrap("ray-loader", manager, name, ref, _loader_handler)
 
 
 # --- ray.init: our setup hook in the job's runtime_env (integrations/ray_runtime_env.py) ---------
@@ -135,9 +134,5 @@ def _init_handler(record: registry.Record) -> Callable[..., Any]:
 
 def on_ray_import(ray: ModuleType) -> None:
     """Post-import callback for `ray`: wrap `ray.init` once (a registry record undoes it)."""
-    from te_offload_shim.engine.wrapper import is_ours
-
     with registry.lock:
-        current = vars(ray).get("init")
-        if current is not None and not is_ours(current):
-            _wrap("ray.init", ray, "init", (ray.__name__, "init"), _init_handler)
+        _wrap("ray.init", ray, "init", (ray.__name__, "init"), _init_handler)

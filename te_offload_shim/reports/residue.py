@@ -205,6 +205,14 @@ def _plain_fields(value: Any) -> dict | None:
     return fields if type(fields) is dict else None
 
 
+def has_storage_marks(fields: dict) -> bool:
+    """Whether an object's instance fields (read without running its class's code) mark it as a TE
+    storage (`sizes.STORAGE_MARKS`): TE's storage classes keep their tensors as plain instance
+    attributes. Here, not in te/sizes.py: the clearing asks TE's own values (`hasattr`), and only
+    this report reads whatever else a model holds."""
+    return any(mark in fields for mark in sizes.STORAGE_MARKS)
+
+
 class _Walk:
     """One pass: collect (category, holder, tensor) for tensors on the device, then claim storages
     in category order."""
@@ -315,7 +323,7 @@ class _Walk:
             fields = _plain_fields(value)
             if fields is None:
                 return  # reading it could run the application's code: left unread
-            if sizes.has_storage_marks(fields):  # a TE quantized value outside the workspace dict
+            if has_storage_marks(fields):  # a TE quantized value outside the workspace dict
                 self.storage(node, label, key, fields, 0, category)
                 return
         if depth >= _MAX_DEPTH or id(value) in self.seen_objects:
@@ -344,7 +352,7 @@ class _Walk:
                 self.add(category, node, label, item, key)
             elif depth < sizes.MAX_DEPTH and type(item) not in _SCALARS:
                 nested = _plain_fields(item)
-                if nested is not None and sizes.has_storage_marks(nested):
+                if nested is not None and has_storage_marks(nested):
                     self.storage(node, label, key, nested, depth + 1, category)
 
     # --- counting -----------------------------------------------------------------------------

@@ -45,14 +45,9 @@ _plans: dict[type, tuple[int, Any, bool]] = {}
 
 def _is_storage(value: Any) -> bool:
     """For TE's own values (a cache entry, a quantized parameter): `hasattr` runs the class's
-    attribute lookup, so whatever else a model holds is asked `has_storage_marks` instead."""
+    attribute lookup, so whatever else a model holds is read by its instance fields instead (the
+    residue report's `has_storage_marks`, reports/residue.py)."""
     return any(hasattr(value, mark) for mark in STORAGE_MARKS)
-
-
-def has_storage_marks(fields: dict) -> bool:
-    """Whether an object's instance fields (read without running its class's code) mark it as a TE
-    storage: TE's storage classes keep their tensors as plain instance attributes."""
-    return any(mark in fields for mark in STORAGE_MARKS)
 
 
 def _known_attrs(value: Any, torch: Any) -> tuple[str, ...]:
