@@ -231,25 +231,17 @@ class ImportHook:
             self._register_fork_hooks()
         try:
             resolve(spec)(module)
-        except Exception as exc:  # a hook never fails the import...
-            try:
-                from_signal_handler = resolve("te_offload_shim._signals:raised_by_signal_handler")(exc)
-            except Exception:  # a broken install: the callback's own failure, then
-                from_signal_handler = False
-            if from_signal_handler:
-                raise  # ...but the application's signal handler's exception is on its way to it
+        except Exception as exc:  # a hook never fails the import (never strict), but for the application's own
             why = type(exc).__name__
             try:
-                why = f"{why}: {exc}"
-            except Exception:  # an exception whose __str__ raises
-                pass
-            self.errors[name] = why
-            try:
-                resolve("te_offload_shim._log:warn_once")(
-                    f"hook:{name}", "te_offload_shim: patching failed (%s: %s)", name, why
+                why = resolve("te_offload_shim._log:describe_error")(exc)
+                resolve("te_offload_shim._log:fail_open")(
+                    exc, f"hook:{name}", "te_offload_shim: patching failed (%s: %s)", name, why, strict=False
                 )
-            except Exception:  # not even logging may fail the import
-                pass
+            except Exception as raised:  # a broken install, or logging that fails: recorded all the same
+                if raised is exc:
+                    raise  # what the application's signal handler raised, on its way to it
+            self.errors[name] = why
 
     def _due(self) -> "list[tuple[str, Any]]":
         """Watched modules loaded and finished whose callback has not run for that module object, in

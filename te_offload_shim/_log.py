@@ -130,8 +130,8 @@ def fail_open(exc: Exception, key: str, message: str, *args: object, strict: boo
       drown in it), and the caller goes on without what failed. An exception in `args` is said as
       `describe_error` gives it (`%s`): the record keeps no reference to it.
 
-    The sites that differ on purpose keep their own code, and say why there: the import hook in
-    `__init__.py` (it may import nothing, and never fails an import, even in strict mode), the flush
+    The import hook (`_hook.py`) calls it with `strict=False`: a callback never fails an import, even
+    in strict mode. The sites that differ on purpose keep their own code, and say why there: the flush
     net's wrapper (`engine/net.py`: it must work while the interpreter tears modules down),
     `engine/patch.apply` (an import callback: never strict; its caller says what failed), and
     `log` above (a logging handler's failure is not warned about through logging)."""

@@ -33,6 +33,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
+from te_offload_shim._hook import namespace
 from te_offload_shim._log import describe_error, fail_open, human_bytes, log, warn_once
 from te_offload_shim._reload import kept
 from te_offload_shim._signals import raised_by_signal_handler
@@ -127,7 +128,7 @@ def _wrap_flush(module_name: str, attribute: str) -> bool:
     """Wrap the flush function `module_name.attribute` as it is now (and every alias of it); False
     when there is none, or it is ours already."""
     owner = sys.modules.get(module_name)
-    d = registry.namespace(owner) if owner is not None else None
+    d = namespace(owner) if owner is not None else None
     raw = d.get(attribute) if d is not None else None
     if raw is None or not callable(raw) or any(r.replacement is raw for r in registry.records(FLUSH_KIND)):
         return False

@@ -98,19 +98,6 @@ def rebind(old: object, new: object) -> None:
             d[key] = new
 
 
-def namespace(module: object) -> dict[str, Any] | None:
-    """A loaded module's namespace, read without running any of its code (None for a module loaded
-    with LazyLoader that has not run yet, or anything that is not a module): the import hook's own
-    reader."""
-    return _hook.namespace(module)
-
-
-def finished(name: str) -> bool:
-    """Whether module `name` is in sys.modules and has finished importing (its body has run to the
-    end), read as the import hook reads it, without running any of its code."""
-    return _hook.finished(sys.modules.get(name))
-
-
 def active() -> bool:
     """Whether the shim is installed, as the import hook, its one owner, says. `uninstall()` clears
     the flag first, then takes this lock in `deactivate()`, so a patch either lands before and is

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from te_offload_shim import _switches
+from te_offload_shim._hook import namespace
 from te_offload_shim.engine import registry
 from te_offload_shim.engine import stats as counters
 from te_offload_shim.engine.attributes import owner_of
@@ -142,7 +143,7 @@ def _loaded(name: str) -> Any:
     not, until its first attribute read (reading its namespace here would run it). Anything else
     there counts (a module may put another object in its place)."""
     module = sys.modules.get(name)
-    if module is None or (issubclass(type(module), ModuleType) and registry.namespace(module) is None):
+    if module is None or (issubclass(type(module), ModuleType) and namespace(module) is None):
         return None
     return module
 

@@ -5,9 +5,11 @@ PyTorch modules are imported. The patching itself is the engine's (engine/net.py
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 
-from te_offload_shim.engine import net, registry
+from te_offload_shim._hook import finished
+from te_offload_shim.engine import net
 from te_offload_shim.te import placement
 
 # TE's base class of every layer with weights (transformer_engine/pytorch/module/base.py, 1.x - 2.20):
@@ -41,4 +43,4 @@ def on_te_import(module: ModuleType) -> None:
     placement.know(SHARDED_TYPES, SHARDED_MARKS, OFFLOAD_MARKS)
     # Only where TE's package has finished importing can layers have been built already (the
     # callback also runs at install() when the shim is imported after TE).
-    net.arm(module, TE_BASE_CLASS, FLUSHES, te_ready=registry.finished(TE_PACKAGE))
+    net.arm(module, TE_BASE_CLASS, FLUSHES, te_ready=finished(sys.modules.get(TE_PACKAGE)))
