@@ -105,9 +105,8 @@ def install() -> bool:
         # Only a switch that names targets needs the table (or a bad value or name, a warning): most do not.
         if s.user_targets() or s.disabled_targets() or not all(map(s.understood, names)):
             user_targets = resolve("te_offload_shim.integrations.user_targets:read_at_install")(problems, names)
-    watched = dict(WATCH)  # the user's modules after the table's, by the table's callback
-    for target in user_targets:
-        watched.setdefault(target.module, PATCH_TARGETS)
+    # the user's modules after the table's, by the table's callback
+    watched = {**WATCH, **{t.module: PATCH_TARGETS for t in user_targets if t.module not in WATCH}}
     HOOK.install(watched, user_targets=user_targets, problems=problems)
     return True
 
@@ -120,8 +119,8 @@ def ray_setup() -> None:
     """For `runtime_env={"worker_process_setup_hook": "te_offload_shim.ray_setup"}`. Never raises:
     a raising setup hook kills the Ray worker."""
     try:
-        install()
-    except Exception as exc:  # install() itself fails open: this is the last guard
+        install()  # a no-op where importing the package installed it; again after an uninstall()
+    except Exception as exc:  # a broken install: said, never raised into the worker
         try:
             resolve("te_offload_shim._log:warn_once")("ray-setup", "te_offload_shim: ray_setup failed: %r", exc)
         except Exception:  # not even logging may fail the worker

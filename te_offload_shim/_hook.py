@@ -27,7 +27,7 @@ what `import te_offload_shim` loads.
 import _thread
 import os
 import sys
-from time import monotonic
+from time import monotonic, sleep
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -89,12 +89,11 @@ class ImportHook:
         self.errors: dict[str, str] = {}  # module -> why its callback failed
         self._fired: dict[str, object] = {}  # name -> the module object its callback ran for
         self._claimed: dict[str, object] = {}  # name -> the module object whose callback runs now
-        self._flights: dict[int, Any] = {}  # thread running callbacks -> a lock it holds meanwhile
+        self._flights: set[int] = set()  # the threads running callbacks now
         self._searching: set[tuple[int, str]] = set()  # (thread, name) it asks the finders behind us for
         self._depth: dict[int, int] = {}  # per thread: chained imports running, outside in
         self._forking: dict[int, bool] = {}  # per thread: a fork in progress, and whether it holds the lock
-        self._fork_hooks_after_logging = False
-        self._register_fork_hooks()
+        self._register_fork_hooks()  # sets _fork_hooks_after_logging
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -189,10 +188,8 @@ class ImportHook:
         flights = self._flights
         if me in flights or (name is None and (nested or flights)):
             return
-        token = _thread.allocate_lock()
-        token.acquire()
         with self._lock:
-            flights[me] = token
+            flights.add(me)
         try:
             while True:
                 if name is not None:
@@ -203,8 +200,7 @@ class ImportHook:
                 name, module = due[0]
         finally:
             with self._lock:
-                flights.pop(me, None)
-            token.release()
+                flights.discard(me)
 
     def _run(self, name: str, module: "Any") -> None:
         """`name`'s callback, outside the lock, unless another thread runs it for `module` now;
@@ -269,15 +265,11 @@ class ImportHook:
             return
         deadline = monotonic() + FORK_WAIT_S
         while True:
-            left = max(deadline - monotonic(), 0.0)
-            held = self._lock.acquire(timeout=left)
-            others = [token for thread, token in list(self._flights.items()) if thread != me]
-            if not held or not others or not left:
+            held = self._lock.acquire(timeout=max(deadline - monotonic(), 0.0))
+            if not held or not self._flights - {me} or monotonic() >= deadline:
                 break
             self._lock.release()  # the callbacks in flight take it when they end
-            for token in others:
-                if token.acquire(timeout=max(deadline - monotonic(), 0.0)):
-                    token.release()
+            sleep(0.001)
         self._forking[me] = held
 
     def _after_fork_in_parent(self) -> None:
@@ -292,10 +284,10 @@ class ImportHook:
         # are due again (a callback of this thread's own, if it forked inside one, records itself as it
         # returns), and their per-thread marks go, in place: this thread may be inside `_fire`.
         self._claimed.clear()
+        self._flights &= {me}
         self._searching -= {key for key in self._searching if key[0] != me}
-        for per_thread in (self._flights, self._depth):
-            for thread in [thread for thread in per_thread if thread != me]:
-                del per_thread[thread]
+        for thread in [thread for thread in self._depth if thread != me]:
+            del self._depth[thread]
 
     def _register_fork_hooks(self) -> None:
         # `before` hooks run in the reverse order of registration, and logging's takes logging's

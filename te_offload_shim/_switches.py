@@ -54,11 +54,6 @@ VALUES = {**dict.fromkeys(FLAGS, frozenset({"", *_TRUE, *_FALSE})), LOG: frozens
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 
 
-def set_names() -> list[str]:
-    """The `TE_OFFLOAD_SHIM*` names set in the environment (switches or not)."""
-    return [name for name in os.environ if name.startswith(ENABLE)]
-
-
 def _flag(name: str) -> bool:
     value = os.environ.get(name, "").strip().lower()
     return True if value in _TRUE else False if value in _FALSE else FLAGS[name]

@@ -61,7 +61,7 @@ def collect(do_import: bool = False) -> dict[str, Any]:
         # TE_OFFLOAD_SHIM* names that are no switch (misspelt: they do nothing), with the closest switch
         "unknown_switches": [
             {"name": name, "value": os.environ.get(name, ""), "closest": closest}
-            for name, closest in unknown_switches(_switches.set_names())
+            for name, closest in unknown_switches([n for n in os.environ if n.startswith(_switches.ENABLE)])
         ],
         "disabled_by": _disabled_by([t.name for t in targets]),
         "user_target_problems": shim["user_target_problems"],

@@ -22,7 +22,6 @@ from te_offload_shim._reload import kept
 if TYPE_CHECKING:
     from typing import Any
 
-    from te_offload_shim.engine.schema import Target
     from te_offload_shim.engine.states import TargetState
 
 # The state below is what the wrappers in place are, so it outlives a reload of this module
@@ -103,13 +102,6 @@ def active() -> bool:
     the flag first, then takes this lock in `deactivate()`, so a patch either lands before and is
     undone, or sees the flag and does not land."""
     return _hook.HOOK.installed
-
-
-def install_state() -> tuple[bool, tuple[Target, ...]]:
-    """(installed, the user targets `install()` took), as the import hook holds them: for the
-    table's import callback (integrations/table.py)."""
-    hook = _hook.HOOK
-    return hook.installed, hook.user_targets
 
 
 def add(record: Record, replacement: Any) -> bool:

@@ -6,15 +6,14 @@ Loaded by the first table module's import, never at start-up, and not by `import
 the package's `__init__`): a training process loads it without the public API (`api`), which
 re-exports `all_targets` for `status` and the health report. `all_targets` returns the engine's
 `Target`, which is no public type: the package does not export it, and `status()`'s rows say the
-same to a user. The install state is the start-up module's, read through the registry (the one
-reader below the API).
+same to a user. The install state is the import hook's (`_hook.HOOK`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from te_offload_shim.engine import registry
+from te_offload_shim._hook import HOOK
 from te_offload_shim.integrations.targets import BUILTIN
 
 if TYPE_CHECKING:
@@ -25,9 +24,8 @@ if TYPE_CHECKING:
 
 def all_targets() -> tuple[Target, ...]:
     """The built-in table plus `TE_OFFLOAD_SHIM_TARGETS`, as installed (or as they would be)."""
-    installed, user_targets = registry.install_state()
-    if installed:
-        return (*BUILTIN, *user_targets)
+    if HOOK.installed:
+        return (*BUILTIN, *HOOK.user_targets)
     from te_offload_shim import _switches
     from te_offload_shim.integrations.user_targets import parse_user_targets
 
