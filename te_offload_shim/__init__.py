@@ -129,9 +129,8 @@ def ray_setup() -> None:
 
 # --- the rest of the public names: loaded on first use (PEP 562) ----------------------------------
 
-_API = "te_offload_shim.api"
 EXPORTS = {
-    **dict.fromkeys(("uninstall", "clear_fp8_workspaces", "residue", "scan", "stats", "status"), _API),
+    **dict.fromkeys(("uninstall", "clear_fp8_workspaces", "residue", "scan", "stats", "status"), "te_offload_shim.api"),
     **dict.fromkeys(("CacheReport", "Skipped", "ShimError"), "te_offload_shim.te.report"),
     "ResidueReport": "te_offload_shim.reports.residue",
     **dict.fromkeys(("Status", "Stats", "TargetRow", "TargetState"), "te_offload_shim.engine.states"),

@@ -149,9 +149,7 @@ class ImportHook:
 
     def _find_behind(self, fullname: str, path: "Any", target: "Any") -> "Any":
         """What the rest of the meta path answers, asked as the import system asks it."""
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
+        for finder in self._meta_path_without():
             find = getattr(finder, "find_spec", None)
             if find is not None:
                 spec = find(fullname, path, target)
@@ -191,16 +189,12 @@ class ImportHook:
         with self._lock:
             flights.add(me)
         try:
-            while True:
-                if name is not None:
-                    self._run(name, module)
-                due = None if nested else self._due()
-                if not due:
-                    return
-                name, module = due[0]
+            if name is not None:
+                self._run(name, module)
+            while not nested and (due := self._due()):
+                self._run(*due[0])
         finally:
-            with self._lock:
-                flights.discard(me)
+            flights.discard(me)  # no lock: a fork waiting for it may see it go a poll later, no harm
 
     def _run(self, name: str, module: "Any") -> None:
         """`name`'s callback, outside the lock, unless another thread runs it for `module` now;

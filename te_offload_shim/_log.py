@@ -77,7 +77,7 @@ def _names_shown() -> bool:
     for handler in _handlers():
         probe = logging.LogRecord(_PROBE, logging.INFO, "", 0, "", None, None)
         try:
-            if _PROBE in (handler.formatter or _PLAIN).format(probe):
+            if _PROBE in (handler.formatter or logging.Formatter()).format(probe):  # a handler's default
                 return True
         except Exception:  # a formatter that cannot format our probe: it shows no name of ours either
             continue
@@ -85,7 +85,6 @@ def _names_shown() -> bool:
 
 
 _PROBE = "te_offload_shim.name-probe"
-_PLAIN = logging.Formatter()  # what a handler without a formatter formats with
 
 
 def _own_handler_if_none() -> None:
