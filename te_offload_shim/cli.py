@@ -253,7 +253,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def version_text() -> str:
-    """`0.7.0.dev0`, with the commit when the package runs from a git checkout (`(commit abc1234)`)."""
+    """`0.8.0.dev0`, with the commit when the package runs from a git checkout (`(commit abc1234)`)."""
     import subprocess
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
