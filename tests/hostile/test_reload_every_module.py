@@ -162,11 +162,12 @@ def test_the_holders_a_reload_keeps_are_those_listed() -> None:
     in_code = set()
     for path in package.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
             # `kept(globals(), "name", make)`, and the hook's own `globals().get("name")` (the start-up
             # imports no `_reload`)
-            kept_call = isinstance(node, ast.Call) and getattr(node.func, "id", None) == "kept"
-            reread = isinstance(node, ast.Call) and ast.unparse(node.func) == "globals().get"
-            if kept_call or reread:
+            kept_call = getattr(node.func, "id", None) == "kept"
+            if kept_call or ast.unparse(node.func) == "globals().get":
                 name = node.args[1 if kept_call else 0]
                 assert isinstance(name, ast.Constant), f"{path}: kept() of a name that is no literal"
                 in_code.add((path.relative_to(package).as_posix(), name.value))
