@@ -251,7 +251,7 @@ class ImportHook:
 
     # --- fork ---------------------------------------------------------------------------------
 
-    def _before_fork(self) -> None:
+    def _fork_before(self) -> None:
         """Wait (at most FORK_WAIT_S) for other threads' callbacks in flight, then hold the lock across
         the fork: a callback stuck longer is the application's hang, not one to spread to the child."""
         me = _thread.get_ident()
@@ -266,11 +266,11 @@ class ImportHook:
             sleep(0.001)
         self._forking[me] = held
 
-    def _after_fork_in_parent(self) -> None:
+    def _fork_parent(self) -> None:
         if self._forking.pop(_thread.get_ident(), False):
             self._lock.release()
 
-    def _after_fork_in_child(self) -> None:
+    def _fork_child(self) -> None:
         me = _thread.get_ident()
         self._forking.clear()
         self._lock = _thread.RLock()  # free whatever the parent's other threads held (the wait ran out)
@@ -290,9 +290,7 @@ class ImportHook:
         self._fork_hooks_after_logging = "logging" in sys.modules
         if hasattr(os, "register_at_fork"):  # POSIX
             os.register_at_fork(
-                before=self._before_fork,
-                after_in_parent=self._after_fork_in_parent,
-                after_in_child=self._after_fork_in_child,
+                before=self._fork_before, after_in_parent=self._fork_parent, after_in_child=self._fork_child
             )
 
 

@@ -5,7 +5,7 @@ Loaded only where one of them is asked for: by `stats()` and `status()`, and by 
 (engine/stats.py) in a process that names a stats file, after each clearing that freed something
 and once at exit. The counters stay engine/stats.py's: their owner hands its snapshot (or its
 reader, `counts`) to each function here, so this module never imports it (engine/stats.py imports
-this one: the other way would be a cycle).
+this one: the other way would be a cycle); it names their types from engine/counters.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from te_offload_shim._log import fail_open
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from te_offload_shim.engine.counters import Counters
     from te_offload_shim.engine.states import NetTotals, Stats
-    from te_offload_shim.engine.stats import Counters
 
 # Made exclusively and never through a link planted at its name; closed in a child a process starts.
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
