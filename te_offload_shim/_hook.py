@@ -238,7 +238,9 @@ class ImportHook:
         with self._lock:
             if self._claimed.get(name, (None,))[0] is module:
                 del self._claimed[name]
-            if fired and self.installed:
+            # Recorded only while it is the module of that name: one imported afresh meanwhile (a new
+            # object, fired on another thread while this callback ran) keeps its own record.
+            if fired and self.installed and sys.modules.get(name) is module:
                 self._fired[name] = module
 
     def _callback(self, name: str, module: "Any") -> None:

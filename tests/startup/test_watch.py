@@ -14,9 +14,12 @@ import importlib
 import importlib.machinery
 import importlib.util
 import itertools
+import logging
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
@@ -26,6 +29,7 @@ from te_offload_shim._hook import ChainedLoader, ImportHook
 
 _serial = itertools.count()
 HOOKS = "watch_probe_hooks"  # the module the tests' callbacks are named in
+JOIN_S = 10  # how long a test waits for a thread it started
 
 
 class Modules:
@@ -66,6 +70,11 @@ def modules(tmp_path: Path) -> Iterator[Modules]:
         for name in [n for n in sys.modules if n.startswith(made.prefix) or n == HOOKS]:
             del sys.modules[name]
         importlib.invalidate_caches()
+
+
+def _joined(thread: threading.Thread) -> bool:
+    thread.join(JOIN_S)
+    return not thread.is_alive()
 
 
 def recorder(calls: list) -> Callable[[ModuleType], None]:
@@ -232,6 +241,43 @@ def test_a_callback_error_is_recorded_and_not_raised_into_the_import(modules: Mo
     assert importlib.import_module(later).DONE == 2 and len(calls) == 1, "the other modules still fire"
 
 
+def test_a_callback_error_is_logged_once_per_module_with_its_reason(
+    modules: Modules, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator's one line per module whose callback failed: which module, and why; a module
+    imported again (a new module object) whose callback fails again is not said twice."""
+    names = [modules.write(n, "DONE = 1\n") for n in ("fails_a", "fails_b")]
+
+    def boom(module: ModuleType) -> None:
+        raise ValueError("callback failed")
+
+    for name in names:
+        modules.watch(name, boom)
+    with caplog.at_level(logging.WARNING, logger="te_offload_shim"):
+        for name in names:
+            importlib.import_module(name)
+        del sys.modules[names[0]]
+        importlib.import_module(names[0])
+    said = [r.getMessage().removeprefix("te_offload_shim: ") for r in caplog.records if r.name == "te_offload_shim"]
+    assert said == [f"patching failed ({name}: ValueError: callback failed)" for name in names]
+
+
+def test_a_callback_error_is_not_raised_even_where_the_shims_own_modules_cannot_load(
+    modules: Modules, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken install (the shim's signal-handler check cannot be imported): the callback's failure
+    is still recorded and kept out of the application's import."""
+    name = modules.write("fails_broken", "DONE = 1\n")
+
+    def boom(module: ModuleType) -> None:
+        raise ValueError("callback failed")
+
+    modules.watch(name, boom)
+    monkeypatch.setitem(sys.modules, "te_offload_shim._signals", None)  # its import fails
+    assert importlib.import_module(name).DONE == 1
+    assert modules.hook.errors[name] == "ValueError: callback failed"
+
+
 def test_the_applications_interrupt_in_a_callback_reaches_it_and_the_next_import_fires(modules: Modules) -> None:
     """KeyboardInterrupt (Ctrl-C, Ray's cancel) during a callback fails the import, as it would have
     in the module's last line; importing it again runs the body and the callbacks afresh."""
@@ -322,15 +368,318 @@ def test_a_callback_that_imports_a_watched_module_does_not_nest(modules: Modules
     assert len(order) == 3, "and only once"
 
 
+def test_a_hook_reads_as_uninstalled_until_it_installs_and_installs_once() -> None:
+    """What the rest of the package reads of the hook (`installed`, the watch table, the user's
+    targets and problems, the callbacks' errors), before, during and after an install; `install`
+    says whether it installed, `uninstall` hands on what `restore` returned."""
+    hook = ImportHook()
+    assert (hook.installed, hook.watched, hook.user_targets, hook.problems, hook.errors) == (False, {}, (), [], {})
+    assert hook.installed is False and hook not in sys.meta_path
+    try:
+        assert hook.install({}, user_targets=["a target"], problems=["a problem"]) is True
+        assert hook.installed is True and sys.meta_path[0] is hook
+        assert (hook.user_targets, hook.problems) == (("a target",), ["a problem"])
+        assert hook.install({"json": "json:dumps"}) is False, "installed already: nothing changes"
+        assert hook.watched == {}
+    finally:
+        assert hook.uninstall(lambda: 7) == 7
+    assert hook.installed is False and hook not in sys.meta_path
+
+
+class FrontFinder:
+    """A finder that goes in front of ours and serves one module, as pytest's assertion rewriter does
+    for the modules it rewrites."""
+
+    def __init__(self, name: str, directory: Path) -> None:
+        self.name, self.directory = name, directory
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, [str(self.directory)])
+
+
+def test_a_finder_put_in_front_is_passed_again_at_the_next_look_up(modules: Modules) -> None:
+    """A finder that went in front of ours and serves a watched module: at the next look-up ours
+    is first again, and chains that finder's loader: the callback runs at the end of the module's
+    own import, not at some later one."""
+    name = modules.write("served_in_front", "DONE = 'served'\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    front = FrontFinder(name, modules.directory)
+    sys.meta_path = [front, *sys.meta_path]
+    try:
+        importlib.import_module(modules.write("any_other", ""))  # any look-up that reaches ours
+        module = importlib.import_module(name)
+        assert calls == [(module, "served")]
+    finally:
+        sys.meta_path = [finder for finder in sys.meta_path if finder is not front]
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM": "0"})  # the package's own hook not installed: ours alone
+def test_imports_leave_the_meta_path_list_as_it_is_while_ours_is_first(modules: Modules) -> None:
+    """Ours first already: an import, watched or not, leaves `sys.meta_path` the very list it was.
+    A new list at every import would cost each import a copy, and lose a finder another thread
+    adds to the list meanwhile."""
+    name = modules.write("kept_list", "DONE = 1\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    meta_path = sys.meta_path
+    assert meta_path[0] is modules.hook
+    importlib.import_module(name)
+    importlib.import_module(modules.write("unwatched", ""))
+    assert sys.meta_path is meta_path and len(calls) == 1
+
+
+def test_what_is_due_fires_at_the_end_of_each_later_import_on_the_thread(modules: Modules) -> None:
+    """After chained imports have ended on this thread (one watched, one fired because something was
+    due), a module loaded without our finder still fires at the end of the next import: an import
+    that ended is not counted as still running."""
+    watched = modules.write("first_watched", "DONE = 1\n")
+    unseen = modules.write("unseen_later", "DONE = 'loaded behind our back'\n")
+    other = modules.write("other_unseen", "DONE = 'also behind our back'\n")
+    calls: list = []
+    modules.watch(watched, recorder(calls))
+    modules.watch(unseen, recorder(calls))
+    modules.watch(other, recorder(calls))
+    first = importlib.import_module(watched)
+    module = _load_behind_its_back(modules, unseen)
+    importlib.import_module(modules.write("trigger_one", ""))
+    later = _load_behind_its_back(modules, other)
+    importlib.import_module(modules.write("trigger_two", ""))
+    assert calls == [(first, 1), (module, "loaded behind our back"), (later, "also behind our back")]
+
+
+def test_a_package_body_s_watched_imports_fire_at_their_end_and_what_is_due_at_the_package_s_end(
+    modules: Modules,
+) -> None:
+    """A watched module imported inside another's body fires at the end of its own import; what is
+    due (a module loaded without our finder) waits for the end of the outermost import, where no
+    module of the thread is half built."""
+    unseen = modules.write("due_meanwhile", "DONE = 'due'\n")
+    parts = [modules.write(n, "DONE = 1\n") for n in ("part_one", "part_two")]
+    package = modules.write("package", f"import {parts[0]}\nimport {parts[1]}\nDONE = 'whole'\n")
+    events: list[str] = []
+    for name in (*parts, package, unseen):
+        modules.watch(name, lambda module: events.append(module.__name__[len(modules.prefix) + 1 :]))
+    _load_behind_its_back(modules, unseen)
+    importlib.import_module(package)
+    assert events == ["part_one", "part_two", "package", "due_meanwhile"]
+
+
+def test_a_callback_an_interrupt_cut_short_is_due_again_at_the_next_import(modules: Modules) -> None:
+    """KeyboardInterrupt in the callback of a module imported before the watch (here: while the
+    install fires it): the module stays imported, unpatched, and its callback runs again at the
+    next import, as if it had never started."""
+    name = modules.write("cut_short", "DONE = 1\n")
+    module = importlib.import_module(name)
+    calls: list = []
+
+    def interrupted_once(module: ModuleType) -> None:
+        if not calls:
+            calls.append("interrupted")
+            raise KeyboardInterrupt
+        calls.append(module)
+
+    with pytest.raises(KeyboardInterrupt):
+        modules.watch(name, interrupted_once)
+    assert calls == ["interrupted"] and modules.hook.installed
+    importlib.import_module(modules.write("next", ""))
+    assert calls == ["interrupted", module]
+    importlib.import_module(modules.write("after", ""))
+    assert len(calls) == 2, "and then once only"
+
+
+def test_an_import_chained_for_what_is_due_leaves_it_to_the_thread_running_callbacks(modules: Modules) -> None:
+    """While a thread runs a callback, an import on another thread that finds something due does not
+    fire it: the thread running callbacks does, once its callback returned (it may be importing a
+    module the other callback needs)."""
+    busy = modules.write("busy", "DONE = 1\n")
+    unseen = modules.write("unseen_while_busy", "DONE = 2\n")
+    entered, release = threading.Event(), threading.Event()
+    ran_on: dict[str, str] = {}
+
+    def on_busy(module: ModuleType) -> None:
+        entered.set()
+        release.wait(JOIN_S)
+        ran_on["busy"] = threading.current_thread().name
+
+    modules.watch(busy, on_busy)
+
+    def on_unseen(module: ModuleType) -> None:
+        ran_on["unseen"] = threading.current_thread().name
+
+    modules.watch(unseen, on_unseen)
+    firing = threading.Thread(target=importlib.import_module, args=(busy,), name="firing", daemon=True)
+    firing.start()
+    try:
+        assert entered.wait(JOIN_S)
+        _load_behind_its_back(modules, unseen)
+        importlib.import_module(modules.write("trigger", ""))
+        assert ran_on == {}, "fired by the thread that is running a callback, not here"
+    finally:
+        release.set()
+    assert _joined(firing)
+    assert ran_on == {"busy": "firing", "unseen": "firing"}
+
+
+def test_a_lazily_loaded_module_fires_once_its_body_ran_and_not_before(modules: Modules) -> None:
+    """A watched module loaded through `importlib.util.LazyLoader` (the standard library's recipe):
+    the next import finds it in sys.modules with no body run; firing then would run it, an import
+    the application put off. Its first attribute read runs the body through our loader, and fires."""
+    name = modules.write("lazy", "DONE = 'body ran'\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    importlib.import_module(modules.write("trigger", ""))
+    assert calls == [], "fired before its body ran"
+    assert module.DONE == "body ran"
+    assert calls == [(module, "body ran")]
+
+
+def test_a_watched_submodule_fires_at_the_end_of_its_own_import(modules: Modules) -> None:
+    """A module inside a package is found on the package's path, which ours hands on to the finders
+    behind it."""
+    package = f"{modules.prefix}_pkg"
+    (modules.directory / package).mkdir()
+    (modules.directory / package / "__init__.py").write_text("")
+    (modules.directory / package / "inner.py").write_text("DONE = 'inner'\n")
+    importlib.invalidate_caches()
+    calls: list = []
+    modules.watch(f"{package}.inner", recorder(calls))
+    module = importlib.import_module(f"{package}.inner")
+    assert calls == [(module, "inner")]
+
+
+def test_a_watched_import_warns_nothing(modules: Modules) -> None:
+    """Ours asks each finder behind it as the import system does, through `find_spec`: the legacy
+    `find_module` of today's finders warns (DeprecationWarning), and under `-W error` that fails the
+    application's import."""
+    name = modules.write("quiet", "DONE = 1\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = importlib.import_module(name)
+    assert calls == [(module, 1)]
+
+
+def test_a_module_whose_spec_cannot_be_read_is_not_fired(modules: Modules) -> None:
+    """A watched module whose `__spec__` raises when read (a half-made module of some framework's):
+    the hook cannot tell whether its body ran, so it leaves it alone, and the import goes on."""
+
+    class Spec:
+        @property
+        def _initializing(self) -> bool:
+            raise RuntimeError("not readable")
+
+    name = modules.write("unreadable", "")
+    module = ModuleType(name)
+    module.__spec__ = Spec()  # type: ignore[assignment]
+    sys.modules[name] = module
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    importlib.import_module(modules.write("trigger", ""))
+    assert calls == []
+
+
+def test_a_watched_import_on_another_thread_fires_there_while_this_thread_runs_a_callback(modules: Modules) -> None:
+    """A callback starts a thread that imports another watched module, and waits for it: that
+    module's callback runs on that thread, at the end of its import, not later on this one."""
+    first = modules.write("first_busy", "DONE = 1\n")
+    second = modules.write("second_elsewhere", "DONE = 2\n")
+    events: list = []
+
+    def import_second() -> None:
+        importlib.import_module(second)
+        events.append("second imported")
+
+    def on_first(module: ModuleType) -> None:
+        events.append("first")
+        thread = threading.Thread(target=import_second, name="other", daemon=True)
+        thread.start()
+        events.append(_joined(thread))
+
+    modules.watch(first, on_first)
+    modules.watch(second, lambda module: events.append(f"second on {threading.current_thread().name}"))
+    importlib.import_module(first)
+    assert events == ["first", "second on other", "second imported", True]
+
+
+def test_a_module_imported_again_while_its_old_callback_runs_fires_for_each_and_fails_no_import(
+    modules: Modules,
+) -> None:
+    """Thread `firing` runs the callback of a module loaded without our finder; meanwhile this thread
+    imports the module afresh (a new module object): its callback runs here at once, and the first
+    one's end, after it, fails nothing."""
+    name = modules.write("again_meanwhile", "DONE = 1\n")
+    entered, release = threading.Event(), threading.Event()
+    calls: list = []
+
+    def callback(module: ModuleType) -> None:
+        calls.append(module)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(JOIN_S)
+
+    modules.watch(name, callback)
+    first = _load_behind_its_back(modules, name)
+    failed: list[BaseException] = []
+
+    def trigger() -> None:
+        try:
+            importlib.import_module(modules.write("trigger", ""))
+        except BaseException as exc:
+            failed.append(exc)
+
+    firing = threading.Thread(target=trigger, name="firing", daemon=True)
+    firing.start()
+    try:
+        assert entered.wait(JOIN_S)
+        del sys.modules[name]
+        second = importlib.import_module(name)
+        assert calls == [first, second]
+    finally:
+        release.set()
+    assert _joined(firing) and failed == []
+    importlib.import_module(modules.write("later", ""))
+    assert calls == [first, second]
+
+
+def test_a_watched_import_ends_while_another_thread_still_runs_a_callback(modules: Modules) -> None:
+    """Thread `firing` runs the callback of a module loaded without our finder, and waits; a watched
+    import here fires its own callback and returns at once, without waiting for (or retrying) the
+    module whose callback is still running there."""
+    slow = modules.write("slow_callback", "DONE = 1\n")
+    quick = modules.write("quick_import", "DONE = 2\n")
+    entered, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def on_slow(module: ModuleType) -> None:
+        entered.set()
+        calls.append("slow released" if release.wait(JOIN_S) else "slow timed out")
+
+    modules.watch(slow, on_slow)
+    modules.watch(quick, lambda module: calls.append("quick"))
+    _load_behind_its_back(modules, slow)
+    firing = threading.Thread(target=importlib.import_module, args=(modules.write("trigger", ""),), daemon=True)
+    firing.start()
+    try:
+        assert entered.wait(JOIN_S)
+        importlib.import_module(quick)
+        assert calls == ["quick"], "the import waited for the other thread's callback"
+    finally:
+        release.set()
+    assert _joined(firing) and calls == ["quick", "slow released"]
+
+
 # --- threads: callbacks run outside the hook's lock (wrapt's import-deadlock tests, in our terms).
 # Each runs in a child interpreter of its own: on a deadlock its daemon threads stay stuck there.
-
-JOIN_S = 10
-
-
-def _joined(thread: threading.Thread) -> bool:
-    thread.join(JOIN_S)
-    return not thread.is_alive()
 
 
 @pytest.mark.subprocess()
