@@ -15,8 +15,10 @@ import importlib.machinery
 import importlib.util
 import itertools
 import logging
+import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from importlib.machinery import ModuleSpec
@@ -773,3 +775,59 @@ def test_wrapts_own_hook_on_the_same_module_and_ours_each_fire_once(modules: Mod
     assert sys.meta_path[0] is modules.hook and any(type(f).__module__ == "wrapt.importer" for f in sys.meta_path)
     importlib.import_module(name)
     assert sorted(calls) == ["ours", "wrapt"]
+
+
+# --- fork: the hook's at-fork hooks (os.register_at_fork), in a child interpreter of its own each (the
+# hooks of every hook made there stay registered for the rest of that process).
+
+
+def _fork_and_reap() -> int:
+    """Fork; the child exits at once (os._exit: nothing of the test runs twice); the child's status."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.subprocess()
+def test_after_a_fork_the_parents_other_threads_still_run_callbacks(modules: Modules) -> None:
+    """The fork holds the hook's lock across itself (a child must not copy it half done) and hands
+    it back after, in the parent too: another thread's watched import then fires as before."""
+    name = modules.write("after_fork", "DONE = 1\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    assert _fork_and_reap() == 0
+    thread = threading.Thread(target=importlib.import_module, args=(name,), daemon=True)
+    thread.start()
+    assert _joined(thread), "the hook's lock was kept by the thread that forked"
+    assert calls == [(sys.modules[name], 1)]
+
+
+@pytest.mark.subprocess()
+def test_a_fork_waits_for_a_callback_in_flight_only_as_long_as_fork_wait_s(
+    modules: Modules, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callback stuck on another thread longer than FORK_WAIT_S is the application's hang: the fork
+    goes on at the end of that wait instead of waiting with it."""
+    import te_offload_shim._hook as hook_module
+
+    monkeypatch.setattr(hook_module, "FORK_WAIT_S", 0.5)
+    name = modules.write("stuck_callback", "DONE = 1\n")
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(module: ModuleType) -> None:
+        entered.set()
+        release.wait(JOIN_S)
+
+    modules.watch(name, stuck)
+    thread = threading.Thread(target=importlib.import_module, args=(name,), daemon=True)
+    thread.start()
+    try:
+        assert entered.wait(JOIN_S)
+        start = time.monotonic()
+        assert _fork_and_reap() == 0
+        waited = time.monotonic() - start
+    finally:
+        release.set()
+    assert _joined(thread)
+    assert 0.4 < waited < 5, f"the fork waited {waited:.1f} s for a callback stuck for good"
