@@ -14,6 +14,7 @@ import importlib
 import importlib.machinery
 import importlib.util
 import itertools
+import json
 import logging
 import os
 import sys
@@ -27,7 +28,7 @@ from types import ModuleType
 
 import pytest
 
-from te_offload_shim._hook import ChainedLoader, ImportHook
+from te_offload_shim._hook import ChainedLoader, ImportHook, finished
 
 _serial = itertools.count()
 HOOKS = "watch_probe_hooks"  # the module the tests' callbacks are named in
@@ -542,6 +543,29 @@ def test_a_lazily_loaded_module_fires_once_its_body_ran_and_not_before(modules: 
     assert calls == [], "fired before its body ran"
     assert module.DONE == "body ran"
     assert calls == [(module, "body ran")]
+
+
+def test_a_module_whose_spec_still_names_the_lazy_loader_has_not_finished(modules: Modules) -> None:
+    """Python 3.12+'s LazyLoader puts the module in sys.modules and imports `threading` before it
+    makes the module lazy: meanwhile the spec still names the LazyLoader, and nothing of the body
+    has run. That state, made here by hand on any Python, is not finished; once the spec names the
+    real loader, it is."""
+    name = modules.write("lazy_window", "DONE = 1\n")
+    spec = importlib.machinery.PathFinder.find_spec(name, [str(modules.directory)])
+    assert spec is not None and spec.loader is not None
+    real = spec.loader
+    spec.loader = importlib.util.LazyLoader(real)
+    module = importlib.util.module_from_spec(spec)
+    assert not finished(module)
+    spec.loader = real
+    assert finished(module)
+
+
+def test_a_finished_module_is_told_without_importlib_util_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -S` never loads importlib.util (site does): no lazy loader can be at work then, and a
+    module whose body ran is finished."""
+    monkeypatch.delitem(sys.modules, "importlib.util")
+    assert finished(json) and not finished(object())
 
 
 def test_a_watched_submodule_fires_at_the_end_of_its_own_import(modules: Modules) -> None:
