@@ -582,6 +582,47 @@ def test_a_watched_submodule_fires_at_the_end_of_its_own_import(modules: Modules
     assert calls == [(module, "inner")]
 
 
+class NoSpecModule(ModuleType):
+    """A module type that keeps no `__spec__` (the import system's assignment is refused)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "__spec__":
+            raise AttributeError("no __spec__ in this module type")
+        super().__setattr__(name, value)
+
+
+class NoSpecFinder:
+    """Serves one module, made by a loader whose modules keep no `__spec__`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        return importlib.util.spec_from_loader(fullname, self) if fullname == self.name else None  # type: ignore[arg-type]
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        module = NoSpecModule(spec.name)
+        del module.__dict__["__spec__"]  # ModuleType's own __init__ set it to None
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.DONE = "no spec"  # type: ignore[attr-defined]
+
+
+def test_a_module_that_keeps_no_spec_is_imported_and_fired(modules: Modules) -> None:
+    """A loader whose module type refuses `__spec__`: the import works as without us, and fires."""
+    name = f"{modules.prefix}_no_spec"
+    finder = NoSpecFinder(name)
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    sys.meta_path = [*sys.meta_path[:1], finder, *sys.meta_path[1:]]  # behind ours
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert "__spec__" not in vars(module) and calls == [(module, "no spec")]
+
+
 def test_a_watched_import_warns_nothing(modules: Modules) -> None:
     """Ours asks each finder behind it as the import system does, through `find_spec`: the legacy
     `find_module` of today's finders warns (DeprecationWarning), and under `-W error` that fails the
