@@ -623,6 +623,36 @@ def test_a_module_that_keeps_no_spec_is_imported_and_fired(modules: Modules) -> 
     assert "__spec__" not in vars(module) and calls == [(module, "no spec")]
 
 
+class RecordingFinder:
+    """Serves one module from a directory, and records the `target` each look-up was given."""
+
+    def __init__(self, name: str, directory: Path) -> None:
+        self.name, self.directory = name, directory
+        self.targets: list[object] = []
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        self.targets.append(target)
+        return importlib.machinery.PathFinder.find_spec(fullname, [str(self.directory)])
+
+
+def test_a_reload_hands_its_module_to_the_finders_behind_ours(modules: Modules) -> None:
+    """`importlib.reload` asks the finders with the module being reloaded as `target` (a finder may
+    answer for it differently): ours hands it on, as the import system would have."""
+    name = modules.write("reloaded", "DONE = 'reloaded'\n")
+    finder = RecordingFinder(name, modules.directory)
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    sys.meta_path = [*sys.meta_path[:1], finder, *sys.meta_path[1:]]  # behind ours
+    try:
+        module = importlib.import_module(name)
+        importlib.reload(module)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert finder.targets == [None, module] and calls == [(module, "reloaded")] * 2
+
+
 def test_a_watched_import_warns_nothing(modules: Modules) -> None:
     """Ours asks each finder behind it as the import system does, through `find_spec`: the legacy
     `find_module` of today's finders warns (DeprecationWarning), and under `-W error` that fails the
