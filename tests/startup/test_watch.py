@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -653,6 +654,61 @@ def test_a_reload_hands_its_module_to_the_finders_behind_ours(modules: Modules) 
     assert finder.targets == [None, module] and calls == [(module, "reloaded")] * 2
 
 
+class PassingLoader:
+    """A loader around another, as wrapt's finder puts around the loader it is given."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+
+
+class LooksUpAnotherFirst:
+    """A finder behind ours that, asked for `name`, looks up `other`, then `name` again through the
+    import system (guarded against itself, as wrapt's finder is), and answers with a loader of its
+    own around what it got."""
+
+    def __init__(self, name: str, other: str) -> None:
+        self.name, self.other = name, other
+        self.searching = False
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname != self.name or self.searching:
+            return None
+        self.searching = True
+        try:
+            importlib.util.find_spec(self.other)
+            spec = importlib.util.find_spec(self.name)
+        finally:
+            self.searching = False
+        assert spec is not None
+        spec.loader = PassingLoader(spec.loader)  # type: ignore[assignment]
+        return spec
+
+
+def test_a_finder_behind_ours_that_looks_up_two_names_finds_and_fires_once(modules: Modules) -> None:
+    """Ours looking up `first` asks that finder, which looks up `second` (ours answers it) and then
+    `first` again: that look-up comes back to ours, which leaves it to the finders behind it, as any
+    look-up of its own; had ours answered it, the finder's loader would hold ours, and ours would
+    chain that again: the callback would run twice."""
+    first = modules.write("looked_up_twice", "DONE = 'first'\n")
+    second = modules.write("looked_up_between", "DONE = 'second'\n")
+    finder = LooksUpAnotherFirst(first, second)
+    calls: list = []
+    modules.watch(first, recorder(calls))
+    modules.watch(second, recorder([]))
+    sys.meta_path = [*sys.meta_path[:1], finder, *sys.meta_path[1:]]  # behind ours
+    try:
+        module = importlib.import_module(first)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert calls == [(module, "first")]
+
+
 def test_a_watched_import_warns_nothing(modules: Modules) -> None:
     """Ours asks each finder behind it as the import system does, through `find_spec`: the legacy
     `find_module` of today's finders warns (DeprecationWarning), and under `-W error` that fails the
@@ -926,3 +982,42 @@ def test_a_fork_waits_for_a_callback_in_flight_only_as_long_as_fork_wait_s(
         release.set()
     assert _joined(thread)
     assert 0.4 < waited < 5, f"the fork waited {waited:.1f} s for a callback stuck for good"
+
+
+@pytest.mark.subprocess()
+def test_a_fork_while_the_lock_is_held_and_a_callback_runs_raises_nothing(
+    modules: Modules, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An uninstall holds the hook's lock past FORK_WAIT_S (its restore is slow) while another thread
+    runs a callback: the fork goes on without the lock, and the hook's at-fork hooks raise nothing
+    (Python would print it at the fork)."""
+    import te_offload_shim._hook as hook_module
+
+    monkeypatch.setattr(hook_module, "FORK_WAIT_S", 0.3)
+    raised: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", raised.append)
+    name = modules.write("in_flight_at_fork", "DONE = 1\n")
+    in_callback, in_restore, release = threading.Event(), threading.Event(), threading.Event()
+
+    def stuck(module: ModuleType) -> None:
+        in_callback.set()
+        release.wait(JOIN_S)
+
+    def slow_restore() -> int:
+        in_restore.set()
+        release.wait(JOIN_S)
+        return 0
+
+    modules.watch(name, stuck)
+    firing = threading.Thread(target=importlib.import_module, args=(name,), daemon=True)
+    firing.start()
+    assert in_callback.wait(JOIN_S)
+    uninstalling = threading.Thread(target=modules.hook.uninstall, args=(slow_restore,), daemon=True)
+    uninstalling.start()
+    try:
+        assert in_restore.wait(JOIN_S)
+        assert _fork_and_reap() == 0
+    finally:
+        release.set()
+    assert _joined(firing) and _joined(uninstalling)
+    assert raised == []
