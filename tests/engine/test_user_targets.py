@@ -174,3 +174,40 @@ def test_disable_verl_by_name_leaves_other_targets_on() -> None:
     assert states["verl"] == "disabled" and shim_layers(mu.offload_megatron_model_to_cpu) == 0
     assert states["nemo-rl"] == "disabled" and states["megatron-core"] == "patched"
     assert states[GOOD[0]] == "patched" and [list(f) for f in u.FLUSHES] == [["offload", 0]]
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "renamed_itself:offload"})
+def test_a_target_module_that_renames_itself_is_patched_by_the_name_it_was_imported_under(tmp_path: Path) -> None:
+    """A module whose body sets its own `__name__`: the target names it as imported (its spec's name)."""
+    from te_offload_shim.engine.patch import shim_layers
+
+    (tmp_path / "renamed_itself.py").write_text(
+        "__name__ = 'something_else'\n\ndef offload(models):\n    return models\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    import te_offload_shim
+
+    module = importlib.import_module("renamed_itself")
+    assert module.__name__ == "something_else" and shim_layers(module.offload) == 1
+    assert {t["name"]: t["state"] for t in te_offload_shim.status()["targets"]}["renamed_itself:offload"] == "patched"
+
+
+def _offload(models: Any) -> Any:
+    return models
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "made_by_hand:offload"})
+def test_a_target_module_made_by_hand_without_a_spec_is_patched() -> None:
+    """A module object a framework makes itself and puts in sys.modules (no spec, no loader), before
+    the shim: patched when the shim installs."""
+    from types import ModuleType
+
+    module = ModuleType("made_by_hand")
+    del module.__spec__  # not even None: made by hand, never imported
+    module.offload = _offload  # type: ignore[attr-defined]
+    sys.modules["made_by_hand"] = module
+    import te_offload_shim
+    from te_offload_shim.engine.patch import shim_layers
+
+    assert not hasattr(module, "__spec__") and shim_layers(module.offload) == 1
+    assert {t["name"]: t["state"] for t in te_offload_shim.status()["targets"]}["made_by_hand:offload"] == "patched"
