@@ -211,3 +211,19 @@ def test_a_target_module_made_by_hand_without_a_spec_is_patched() -> None:
 
     assert not hasattr(module, "__spec__") and shim_layers(module.offload) == 1
     assert {t["name"]: t["state"] for t in te_offload_shim.status()["targets"]}["made_by_hand:offload"] == "patched"
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ",".join([*GOOD, "usermod.offload:missing"])})
+def test_only_a_user_target_that_cannot_be_patched_is_said_with_why(caplog: pytest.LogCaptureFixture) -> None:
+    """One warning, for the user's target its module lacks: which, why, and what it costs; none for
+    the targets that were patched."""
+    caplog.set_level(logging.INFO, logger="te_offload_shim")
+    import te_offload_shim  # noqa: F401  (first)
+
+    use_usermod()
+    importlib.import_module("usermod.offload")
+    said = [r.getMessage().removeprefix("te_offload_shim: ") for r in caplog.records if "not patched" in r.getMessage()]
+    assert said == [
+        "usermod.offload:missing is not patched (usermod.offload has no attribute missing); "
+        "its offload runs without clearing FP8 caches"
+    ]
