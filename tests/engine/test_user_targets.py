@@ -227,3 +227,18 @@ def test_only_a_user_target_that_cannot_be_patched_is_said_with_why(caplog: pyte
         "usermod.offload:missing is not patched (usermod.offload has no attribute missing); "
         "its offload runs without clearing FP8 caches"
     ]
+
+
+@pytest.mark.subprocess(
+    env={"TE_OFFLOAD_SHIM_TARGETS": ",".join(GOOD[:2]), "TE_OFFLOAD_SHIM_DISABLE": "usermod.offload:offload"}
+)
+def test_status_says_a_disabled_target_is_disabled_and_nothing_more() -> None:
+    """`status` rows, as the operator reads them: the disabled target says so, with no reason added
+    (the switch is the reason), beside the patched one."""
+    import te_offload_shim
+
+    use_usermod()
+    importlib.import_module("usermod.offload")
+    rows = {r["name"]: (r["state"], r["detail"]) for r in te_offload_shim.status()["targets"]}
+    assert rows["usermod.offload:offload"] == ("disabled", "")
+    assert rows["usermod.offload:offload_pair"][0] == "patched"
