@@ -242,3 +242,17 @@ def test_status_says_a_disabled_target_is_disabled_and_nothing_more() -> None:
     rows = {r["name"]: (r["state"], r["detail"]) for r in te_offload_shim.status()["targets"]}
     assert rows["usermod.offload:offload"] == ("disabled", "")
     assert rows["usermod.offload:offload_pair"][0] == "patched"
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "usermod.offload:offload,usermod.offload:offload@models"})
+def test_a_function_two_targets_name_is_wrapped_once_and_both_say_patched() -> None:
+    """Two entries for one function (a user's entry beside another for the same function): the
+    second finds ours armed in place and stacks no second wrapper; both rows say patched."""
+    import te_offload_shim
+    from te_offload_shim.engine.patch import shim_layers
+
+    use_usermod()
+    module = importlib.import_module("usermod.offload")
+    assert shim_layers(module.offload) == 1
+    states = [r["state"] for r in te_offload_shim.status()["targets"] if r["name"] == "usermod.offload:offload"]
+    assert states == ["patched", "patched"]
