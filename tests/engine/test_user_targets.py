@@ -254,5 +254,7 @@ def test_a_function_two_targets_name_is_wrapped_once_and_both_say_patched() -> N
     use_usermod()
     module = importlib.import_module("usermod.offload")
     assert shim_layers(module.offload) == 1
-    states = [r["state"] for r in te_offload_shim.status()["targets"] if r["name"] == "usermod.offload:offload"]
-    assert states == ["patched", "patched"]
+    rows = [
+        (r["state"], r["detail"]) for r in te_offload_shim.status()["targets"] if r["name"] == "usermod.offload:offload"
+    ]
+    assert rows == [("patched", ""), ("patched", "")]
