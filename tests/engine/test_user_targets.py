@@ -258,3 +258,17 @@ def test_a_function_two_targets_name_is_wrapped_once_and_both_say_patched() -> N
         (r["state"], r["detail"]) for r in te_offload_shim.status()["targets"] if r["name"] == "usermod.offload:offload"
     ]
     assert rows == [("patched", ""), ("patched", "")]
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "usermod.offload:offload@nope.chunks"})
+def test_a_models_spec_that_names_no_parameter_is_said_as_the_user_wrote_it() -> None:
+    """The status row of a target whose `@where` names no parameter quotes the whole spec the user
+    wrote (`nope.chunks`), not its first part."""
+    import te_offload_shim
+
+    use_usermod()
+    importlib.import_module("usermod.offload")
+    (row,) = [r for r in te_offload_shim.status()["targets"] if r["name"] == "usermod.offload:offload"]
+    assert row["state"] == "error" and row["detail"].startswith(
+        "models spec 'nope.chunks' names no parameter of offload("
+    )
