@@ -92,6 +92,7 @@ class ImportHook:
         self.errors: dict[str, str] = {}  # module -> why its callback failed
         self._fired: dict[str, object] = {}  # name -> the module object its callback ran for
         self._claimed: dict[str, tuple[object, int]] = {}  # name -> (module, thread) being fired now
+        self._ran_again: set[str] = set()  # claimed names whose module ran its body again meanwhile
         self._flights: dict[int, Any] = {}  # thread running callbacks -> a lock it holds meanwhile
         self._searching: dict[int, set[str]] = {}  # per thread: names it asks the finders behind us for
         self._depth: dict[int, int] = {}  # per thread: chained imports running, outside in
@@ -218,8 +219,13 @@ class ImportHook:
 
     def _claim(self, name: str, module: "Any", me: int) -> bool:
         with self._lock:
+            if name not in self.watched:
+                return False
             claimed = self._claimed.get(name)
-            if name not in self.watched or (claimed is not None and claimed[0] is module):
+            if claimed is not None and claimed[0] is module:
+                # Its body ran again (a reload) while its callback runs on another thread: not twice
+                # at once, but once more when that one returns.
+                self._ran_again.add(name)
                 return False
             self._claimed[name] = (module, me)
             return True
@@ -238,6 +244,9 @@ class ImportHook:
         with self._lock:
             if self._claimed.get(name, (None,))[0] is module:
                 del self._claimed[name]
+                if name in self._ran_again:
+                    self._ran_again.discard(name)
+                    fired = False  # due again: the firing thread's next look runs it
             # Recorded only while it is the module of that name: one imported afresh meanwhile (a new
             # object, fired on another thread while this callback ran) keeps its own record.
             if fired and self.installed and sys.modules.get(name) is module:
@@ -322,6 +331,7 @@ class ImportHook:
         # are due again, and their per-thread marks go (in place: this thread may be inside `_fire`).
         for name in [name for name, owner in self._claimed.items() if owner[1] != me]:
             del self._claimed[name]
+            self._ran_again.discard(name)
         for per_thread in (self._flights, self._searching, self._depth):
             for thread in [thread for thread in per_thread if thread != me]:
                 del per_thread[thread]

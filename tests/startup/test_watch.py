@@ -804,6 +804,35 @@ def test_a_module_imported_again_while_its_old_callback_runs_fires_for_each_and_
     assert calls == [first, second]
 
 
+def test_a_module_reloaded_while_its_callback_runs_elsewhere_fires_again_after_it(modules: Modules) -> None:
+    """Thread `firing` runs the callback of a module loaded without our finder; meanwhile this thread
+    reloads the module (its body runs again, new functions in it). The callback is not run twice at
+    once: it runs again once the first one returned, on the new functions."""
+    name = modules.write("reloaded_meanwhile", "def offload():\n    pass\n")
+    entered, release = threading.Event(), threading.Event()
+    seen: list = []
+
+    def callback(module: ModuleType) -> None:
+        seen.append(module.offload)
+        if len(seen) == 1:
+            entered.set()
+            release.wait(JOIN_S)
+
+    modules.watch(name, callback)
+    module = _load_behind_its_back(modules, name)
+    firing = threading.Thread(target=importlib.import_module, args=(modules.write("trigger", ""),), daemon=True)
+    firing.start()
+    try:
+        assert entered.wait(JOIN_S)
+        importlib.reload(module)
+        assert len(seen) == 1, "run a second time while the first still ran"
+    finally:
+        release.set()
+    assert _joined(firing)
+    importlib.import_module(modules.write("later", ""))
+    assert len(seen) == 2 and seen[-1] is module.offload
+
+
 def test_a_watched_import_ends_while_another_thread_still_runs_a_callback(modules: Modules) -> None:
     """Thread `firing` runs the callback of a module loaded without our finder, and waits; a watched
     import here fires its own callback and returns at once, without waiting for (or retrying) the
