@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
@@ -707,6 +707,44 @@ def test_a_finder_behind_ours_that_looks_up_two_names_finds_and_fires_once(modul
     finally:
         sys.meta_path = [f for f in sys.meta_path if f is not finder]
     assert calls == [(module, "first")]
+
+
+class LegacySubmoduleFinder:
+    """A finder of before Python 3.4 (only `find_module`) that serves one submodule from memory, and
+    only when asked with its package's path, as a path-based finder is."""
+
+    def __init__(self, name: str, package_path: list[str]) -> None:
+        self.name, self.package_path = name, package_path
+
+    def find_module(self, fullname: str, path: Sequence[str] | None = None) -> LegacySubmoduleFinder | None:
+        return self if fullname == self.name and list(path or ()) == self.package_path else None
+
+    def create_module(self, spec: ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.DONE = "legacy"  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 dropped find_module finders")
+def test_a_submodule_a_legacy_finder_serves_fires_at_the_end_of_its_own_import(modules: Modules) -> None:
+    """Ours asks a legacy finder behind it with the package's path, as the import system would: it
+    serves the submodule, chained."""
+    package = f"{modules.prefix}_legacy_pkg"
+    (modules.directory / package).mkdir()
+    (modules.directory / package / "__init__.py").write_text("")
+    importlib.invalidate_caches()
+    name = f"{package}.inner"
+    finder = LegacySubmoduleFinder(name, [str(modules.directory / package)])
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    # behind ours; a finder of only find_module is no MetaPathFinder to typeshed
+    sys.meta_path = [*sys.meta_path[:1], finder, *sys.meta_path[1:]]  # type: ignore[list-item]
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert calls == [(module, "legacy")]
 
 
 def test_a_watched_import_warns_nothing(modules: Modules) -> None:
