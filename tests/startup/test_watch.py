@@ -81,6 +81,12 @@ def _joined(thread: threading.Thread) -> bool:
     return not thread.is_alive()
 
 
+def behind_ours(hook: ImportHook, finder: object) -> None:
+    """Put `finder` on the meta path right behind `hook` (the package's own hook may stand first)."""
+    at = sys.meta_path.index(hook) + 1
+    sys.meta_path = [*sys.meta_path[:at], finder, *sys.meta_path[at:]]  # type: ignore[list-item]
+
+
 def recorder(calls: list) -> Callable[[ModuleType], None]:
     """A callback that records the module and what its body had defined by then."""
 
@@ -616,7 +622,7 @@ def test_a_module_that_keeps_no_spec_is_imported_and_fired(modules: Modules) -> 
     finder = NoSpecFinder(name)
     calls: list = []
     modules.watch(name, recorder(calls))
-    sys.meta_path = [*sys.meta_path[:1], finder, *sys.meta_path[1:]]  # behind ours
+    behind_ours(modules.hook, finder)
     try:
         module = importlib.import_module(name)
     finally:
@@ -645,7 +651,7 @@ def test_a_reload_hands_its_module_to_the_finders_behind_ours(modules: Modules) 
     finder = RecordingFinder(name, modules.directory)
     calls: list = []
     modules.watch(name, recorder(calls))
-    sys.meta_path = [*sys.meta_path[:1], finder, *sys.meta_path[1:]]  # behind ours
+    behind_ours(modules.hook, finder)
     try:
         module = importlib.import_module(name)
         importlib.reload(module)
@@ -701,7 +707,7 @@ def test_a_finder_behind_ours_that_looks_up_two_names_finds_and_fires_once(modul
     calls: list = []
     modules.watch(first, recorder(calls))
     modules.watch(second, recorder([]))
-    sys.meta_path = [*sys.meta_path[:1], finder, *sys.meta_path[1:]]  # behind ours
+    behind_ours(modules.hook, finder)
     try:
         module = importlib.import_module(first)
     finally:
@@ -738,13 +744,40 @@ def test_a_submodule_a_legacy_finder_serves_fires_at_the_end_of_its_own_import(m
     finder = LegacySubmoduleFinder(name, [str(modules.directory / package)])
     calls: list = []
     modules.watch(name, recorder(calls))
-    # behind ours; a finder of only find_module is no MetaPathFinder to typeshed
-    sys.meta_path = [*sys.meta_path[:1], finder, *sys.meta_path[1:]]  # type: ignore[list-item]
+    behind_ours(modules.hook, finder)
     try:
         module = importlib.import_module(name)
     finally:
         sys.meta_path = [f for f in sys.meta_path if f is not finder]
     assert calls == [(module, "legacy")]
+
+
+class CachingFinder:
+    """A finder behind ours that answers with a spec it keeps, got from the import system earlier
+    (so with our loader in it), as finders that cache their look-ups do."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.spec = importlib.util.find_spec(name)
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        return self.spec if fullname == self.name else None
+
+
+def test_a_spec_that_already_holds_our_loader_is_not_chained_again(modules: Modules) -> None:
+    """A finder behind ours hands back a spec ours chained before: ours leaves it as it is, and the
+    callback runs once."""
+    name = modules.write("cached_spec", "DONE = 'cached'\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    finder = CachingFinder(name)
+    assert finder.spec is not None and type(finder.spec.loader) is ChainedLoader
+    behind_ours(modules.hook, finder)
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert calls == [(module, "cached")]
 
 
 def test_a_watched_import_warns_nothing(modules: Modules) -> None:
