@@ -5,7 +5,7 @@
 # on its own, one mutant at a time, against its own tests there: mutmut runs each mutant against
 # those of them that reached the mutated function (the interpreters they start included:
 # tests/support/mutation.py). Then it prints each file's score and the mutants that lived, marking
-# those docs/testing.md names as equivalent. Every run starts afresh, in .mutation/<file>/ (git-ignored):
+# those docs/testing.md names (with why each lives). Every run starts afresh, in .mutation/<file>/ (git-ignored):
 # a project root of its own for mutmut, which reads one test selection per project from its
 # pyproject.toml and makes its copy of the repository there (mutants/). Results of an earlier run,
 # made against other code or tests, are never reused.
@@ -77,7 +77,7 @@ file, work, elapsed = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 # mutmut 3.8.1's exit codes (mutmut/stats.py), in short: everything else is "other"
 KINDS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 36: "timeout", -24: "timeout"}
 KINDS |= {24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
-equivalent = set(re.findall(r"`([\w.ǁ]+__mutmut_\d+)`", Path("docs/testing.md").read_text()))
+named = set(re.findall(r"`([\w.ǁ]+__mutmut_\d+)`", Path("docs/testing.md").read_text()))
 codes = json.loads((work / "mutants" / (file + ".meta")).read_text())["exit_code_by_key"]
 kinds = {key: KINDS.get(code, f"other ({code})") for key, code in codes.items()}
 count = {k: sum(1 for v in kinds.values() if v == k) for k in ("killed", "timeout", "survived", "no tests")}
@@ -88,7 +88,7 @@ print(f"--- {file}: {len(kinds)} mutants in {elapsed // 60} min {elapsed % 60} s
       f"score {caught / len(kinds):.1%}")
 for key, kind in sorted(kinds.items()):
     if kind not in ("killed", "timeout"):
-        said = " (equivalent: docs/testing.md)" if key in equivalent else ""
+        said = " (named in docs/testing.md)" if key in named else ""
         print(f"    {kind}: {key}{said}")
 print(f"    (a mutant's change: cd {work} && ../../.venv/bin/mutmut show NAME)")
 EOF
