@@ -49,8 +49,7 @@ def namespace(module: object) -> "dict[str, Any] | None":
     cls = type(module)
     if not issubclass(cls, _ModuleType) or cls.__getattribute__ is not _PLAIN_GETATTRIBUTE:
         return None
-    d = _MODULE_DICT.__get__(module)
-    return d if type(d) is dict else None
+    return _MODULE_DICT.__get__(module)  # a dict, or None for a module made by `__new__` alone (3.10)
 
 
 def finished(module: object) -> bool:
@@ -88,7 +87,7 @@ class ImportHook:
         self.problems: list[str] = []  # TE_OFFLOAD_SHIM_TARGETS entries that were ignored
         self.errors: dict[str, str] = {}  # module -> why its callback failed
         self._fired: dict[str, object] = {}  # name -> the module object its callback ran for
-        self._claimed: dict[str, object] = {}  # name -> the module object whose callback runs now
+        self._claimed: dict[str, tuple[object, bool]] = {}  # name -> (the module fired now, ran again meanwhile)
         self._flights: set[int] = set()  # the threads running callbacks now
         self._searching: set[tuple[int, str]] = set()  # (thread, name) it asks the finders behind us for
         self._depth: dict[int, int] = {}  # per thread: chained imports running, outside in
@@ -183,36 +182,41 @@ class ImportHook:
         for what is due (`name` None) leaves it to a thread that is running callbacks now: that one
         may be importing the very module a callback here would need."""
         me = _thread.get_ident()
-        flights = self._flights
-        if me in flights or (name is None and (nested or flights)):
+        if me in self._flights or (name is None and (nested or self._flights)):
             return
         with self._lock:
-            flights.add(me)
+            self._flights.add(me)
         try:
             if name is not None:
                 self._run(name, module)
             while not nested and (due := self._due()):
                 self._run(*due[0])
         finally:
-            flights.discard(me)  # no lock: a fork waiting for it may see it go a poll later, no harm
+            self._flights.discard(me)  # no lock: a fork waiting for it may see it go a poll later, no harm
 
     def _run(self, name: str, module: "Any") -> None:
         """`name`'s callback, outside the lock, unless another thread runs it for `module` now;
         recorded fired only once it returned, so that one an interrupt cut short is due again."""
         with self._lock:
             spec = self.watched.get(name)  # None: not watched, or uninstalled meanwhile
-            if spec is None or self._claimed.get(name) is module:
+            # Its body ran again (a reload) while its callback runs elsewhere: not twice at once, but
+            # marked, so that one's end leaves it due, and it runs once more.
+            again = self._claimed.get(name, (None,))[0] is module
+            if again or spec is not None:
+                self._claimed[name] = (module, again)
+            if again or spec is None:
                 return
-            self._claimed[name] = module
         returned = False
         try:
             self._callback(name, spec, module)
             returned = True
         finally:
             with self._lock:
-                if self._claimed.get(name) is module:
+                claim = self._claimed.get(name, (None, False))
+                if claim[0] is module:
                     del self._claimed[name]
-                if returned and self.installed:
+                # not recorded after a reload meanwhile (due again), nor over a new object's own record
+                if returned and not claim[1] and self.installed and sys.modules.get(name) is module:
                     self._fired[name] = module
 
     def _callback(self, name: str, spec: str, module: "Any") -> None:
@@ -237,12 +241,11 @@ class ImportHook:
         """Watched modules loaded and finished whose callback has not run for that module object, in
         the watch table's order. Runs at each import: the set operation is C. `watched` is read
         once: an install or uninstall on another thread replaces it meanwhile."""
-        watched = self.watched
+        watched, fired, claimed = self.watched, self._fired, self._claimed
         found = []
-        fired, claimed = self._fired, self._claimed
         for name in watched.keys() & sys.modules.keys():
             module = sys.modules.get(name)
-            if fired.get(name) is not module and claimed.get(name) is not module and finished(module):
+            if fired.get(name) is not module and claimed.get(name, (None,))[0] is not module and finished(module):
                 found.append((name, module))
         if len(found) > 1:
             order = list(watched)

@@ -7,6 +7,7 @@ a target is being imported, leaves exactly one wrapper.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from pathlib import Path
@@ -364,3 +365,56 @@ def test_describe_error_never_raises_and_keeps_no_reference() -> None:
     del odd
     gc.collect()
     assert alive() is None and type(text) is str
+
+
+class StepTimeout(Exception):
+    """What an application's SIGALRM handler raises (a step timeout)."""
+
+
+class AlarmedOffload:
+    """A callable target whose signature, first read while it is patched, is where the application's
+    alarm goes off (once)."""
+
+    armed = True
+
+    def __call__(self, models: Any) -> str:
+        return "offloaded"
+
+    @property
+    def __signature__(self) -> Any:
+        import signal
+
+        if AlarmedOffload.armed:
+            AlarmedOffload.armed = False
+            signal.raise_signal(signal.SIGALRM)
+        return None
+
+
+ALARMED = AlarmedOffload()  # `alarmed_patch:ALARMED` below: the module is this test module's own
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "alarmed_patch:offload"})
+def test_the_applications_timeout_raised_while_a_target_is_patched_reaches_it(tmp_path: Path) -> None:
+    """The alarm goes off inside the patching itself: the application's exception goes on, into the
+    import, as it would have from the module's last line; it is not taken for the shim's failure."""
+    import signal
+    from types import ModuleType
+
+    import te_offload_shim
+
+    def timeout(signum: int, frame: Any) -> None:
+        raise StepTimeout("the step took too long")
+
+    module = ModuleType("alarmed_patch")
+    module.offload = ALARMED  # type: ignore[attr-defined]
+    (tmp_path / "next_import_after_alarm.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    old = signal.signal(signal.SIGALRM, timeout)
+    try:
+        sys.modules["alarmed_patch"] = module
+        with pytest.raises(StepTimeout, match="too long"):
+            importlib.import_module("next_import_after_alarm")  # the process's next import: the module is due
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    rows = [r for r in te_offload_shim.status()["targets"] if r["name"] == "alarmed_patch:offload"]
+    assert [r["state"] for r in rows] != ["error"], "the application's timeout was taken for the shim's failure"

@@ -174,3 +174,101 @@ def test_disable_verl_by_name_leaves_other_targets_on() -> None:
     assert states["verl"] == "disabled" and shim_layers(mu.offload_megatron_model_to_cpu) == 0
     assert states["nemo-rl"] == "disabled" and states["megatron-core"] == "patched"
     assert states[GOOD[0]] == "patched" and [list(f) for f in u.FLUSHES] == [["offload", 0]]
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "renamed_itself:offload"})
+def test_a_target_module_that_renames_itself_is_patched_by_the_name_it_was_imported_under(tmp_path: Path) -> None:
+    """A module whose body sets its own `__name__`: the target names it as imported (its spec's name)."""
+    from te_offload_shim.engine.patch import shim_layers
+
+    (tmp_path / "renamed_itself.py").write_text(
+        "__name__ = 'something_else'\n\ndef offload(models):\n    return models\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    import te_offload_shim
+
+    module = importlib.import_module("renamed_itself")
+    assert module.__name__ == "something_else" and shim_layers(module.offload) == 1
+    assert {t["name"]: t["state"] for t in te_offload_shim.status()["targets"]}["renamed_itself:offload"] == "patched"
+
+
+def _offload(models: Any) -> Any:
+    return models
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "made_by_hand:offload"})
+def test_a_target_module_made_by_hand_without_a_spec_is_patched() -> None:
+    """A module object a framework makes itself and puts in sys.modules (no spec, no loader), before
+    the shim: patched when the shim installs."""
+    from types import ModuleType
+
+    module = ModuleType("made_by_hand")
+    del module.__spec__  # not even None: made by hand, never imported
+    module.offload = _offload  # type: ignore[attr-defined]
+    sys.modules["made_by_hand"] = module
+    import te_offload_shim
+    from te_offload_shim.engine.patch import shim_layers
+
+    assert not hasattr(module, "__spec__") and shim_layers(module.offload) == 1
+    assert {t["name"]: t["state"] for t in te_offload_shim.status()["targets"]}["made_by_hand:offload"] == "patched"
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": ",".join([*GOOD, "usermod.offload:missing"])})
+def test_only_a_user_target_that_cannot_be_patched_is_said_with_why(caplog: pytest.LogCaptureFixture) -> None:
+    """One warning, for the user's target its module lacks: which, why, and what it costs; none for
+    the targets that were patched."""
+    caplog.set_level(logging.INFO, logger="te_offload_shim")
+    import te_offload_shim  # noqa: F401  (first)
+
+    use_usermod()
+    importlib.import_module("usermod.offload")
+    said = [r.getMessage().removeprefix("te_offload_shim: ") for r in caplog.records if "not patched" in r.getMessage()]
+    assert said == [
+        "usermod.offload:missing is not patched (usermod.offload has no attribute missing); "
+        "its offload runs without clearing FP8 caches"
+    ]
+
+
+@pytest.mark.subprocess(
+    env={"TE_OFFLOAD_SHIM_TARGETS": ",".join(GOOD[:2]), "TE_OFFLOAD_SHIM_DISABLE": "usermod.offload:offload"}
+)
+def test_status_says_a_disabled_target_is_disabled_and_nothing_more() -> None:
+    """`status` rows, as the operator reads them: the disabled target says so, with no reason added
+    (the switch is the reason), beside the patched one."""
+    import te_offload_shim
+
+    use_usermod()
+    importlib.import_module("usermod.offload")
+    rows = {r["name"]: (r["state"], r["detail"]) for r in te_offload_shim.status()["targets"]}
+    assert rows["usermod.offload:offload"] == ("disabled", "")
+    assert rows["usermod.offload:offload_pair"][0] == "patched"
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "usermod.offload:offload,usermod.offload:offload@models"})
+def test_a_function_two_targets_name_is_wrapped_once_and_both_say_patched() -> None:
+    """Two entries for one function (a user's entry beside another for the same function): the
+    second finds ours armed in place and stacks no second wrapper; both rows say patched."""
+    import te_offload_shim
+    from te_offload_shim.engine.patch import shim_layers
+
+    use_usermod()
+    module = importlib.import_module("usermod.offload")
+    assert shim_layers(module.offload) == 1
+    rows = [
+        (r["state"], r["detail"]) for r in te_offload_shim.status()["targets"] if r["name"] == "usermod.offload:offload"
+    ]
+    assert rows == [("patched", ""), ("patched", "")]
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "usermod.offload:offload@nope.chunks"})
+def test_a_models_spec_that_names_no_parameter_is_said_as_the_user_wrote_it() -> None:
+    """The status row of a target whose `@where` names no parameter quotes the whole spec the user
+    wrote (`nope.chunks`), not its first part."""
+    import te_offload_shim
+
+    use_usermod()
+    importlib.import_module("usermod.offload")
+    (row,) = [r for r in te_offload_shim.status()["targets"] if r["name"] == "usermod.offload:offload"]
+    assert row["state"] == "error" and row["detail"].startswith(
+        "models spec 'nope.chunks' names no parameter of offload("
+    )

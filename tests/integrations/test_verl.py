@@ -100,6 +100,16 @@ def test_fixed_verl_is_left_unwrapped_and_clears_itself(verl: str) -> None:
     assert r["offloaded"] and r["same"]
 
 
+@pytest.mark.subprocess(verl=FIXED_VERL[0])
+def test_status_says_fixed_verl_is_fixed_upstream_and_nothing_more() -> None:
+    """The row the operator reads for a release that clears its own caches: the state, no reason added."""
+    import te_offload_shim
+
+    importlib.import_module(MODULE)
+    rows = [(r["state"], r["detail"]) for r in te_offload_shim.status()["targets"] if r["name"] == "verl"]
+    assert rows == [("fixed upstream", "")]
+
+
 @pytest.mark.subprocess(verl="0.8.0", env={"TE_OFFLOAD_SHIM": "0"})
 def test_disabled_by_environment_changes_nothing() -> None:
     import te_offload_shim  # noqa: F401

@@ -161,3 +161,12 @@ def test_a_child_forked_during_the_first_load_imports_its_targets_on_this_python
     env = _env(TE_OFFLOAD_SHIM_TARGETS=f"{TARGET},smoke_target_next:offload")
     report = json.loads(_python(str(HERE / "fork_probe.py"), env=env).stdout.splitlines()[-1])
     assert report == {"python": list(sys.version_info[:2]), "child": 0, "waited": True}, report
+
+
+def test_the_hooks_at_fork_raise_nothing_on_this_python() -> None:
+    """A plain interpreter registers the hook's at-fork hooks twice (again once a callback loaded
+    logging, to run before logging's): a fork runs both, and neither may raise (Python would print
+    each exception to stderr, at every fork of the application)."""
+    env = _env(TE_OFFLOAD_SHIM_TARGETS=f"{TARGET},smoke_target_next:offload")
+    proc = _python(str(HERE / "fork_probe.py"), env=env)
+    assert "Exception ignored" not in proc.stderr, proc.stderr

@@ -14,18 +14,26 @@ import importlib
 import importlib.machinery
 import importlib.util
 import itertools
+import json
+import logging
+import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
-from te_offload_shim._hook import ChainedLoader, ImportHook
+from te_offload_shim._hook import ChainedLoader, ImportHook, finished
 
 _serial = itertools.count()
 HOOKS = "watch_probe_hooks"  # the module the tests' callbacks are named in
+JOIN_S = 10  # how long a test waits for a thread it started
 
 
 class Modules:
@@ -66,6 +74,17 @@ def modules(tmp_path: Path) -> Iterator[Modules]:
         for name in [n for n in sys.modules if n.startswith(made.prefix) or n == HOOKS]:
             del sys.modules[name]
         importlib.invalidate_caches()
+
+
+def _joined(thread: threading.Thread) -> bool:
+    thread.join(JOIN_S)
+    return not thread.is_alive()
+
+
+def behind_ours(hook: ImportHook, finder: object) -> None:
+    """Put `finder` on the meta path right behind `hook` (the package's own hook may stand first)."""
+    at = sys.meta_path.index(hook) + 1
+    sys.meta_path = [*sys.meta_path[:at], finder, *sys.meta_path[at:]]  # type: ignore[list-item]
 
 
 def recorder(calls: list) -> Callable[[ModuleType], None]:
@@ -232,6 +251,43 @@ def test_a_callback_error_is_recorded_and_not_raised_into_the_import(modules: Mo
     assert importlib.import_module(later).DONE == 2 and len(calls) == 1, "the other modules still fire"
 
 
+def test_a_callback_error_is_logged_once_per_module_with_its_reason(
+    modules: Modules, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The operator's one line per module whose callback failed: which module, and why; a module
+    imported again (a new module object) whose callback fails again is not said twice."""
+    names = [modules.write(n, "DONE = 1\n") for n in ("fails_a", "fails_b")]
+
+    def boom(module: ModuleType) -> None:
+        raise ValueError("callback failed")
+
+    for name in names:
+        modules.watch(name, boom)
+    with caplog.at_level(logging.WARNING, logger="te_offload_shim"):
+        for name in names:
+            importlib.import_module(name)
+        del sys.modules[names[0]]
+        importlib.import_module(names[0])
+    said = [r.getMessage().removeprefix("te_offload_shim: ") for r in caplog.records if r.name == "te_offload_shim"]
+    assert said == [f"patching failed ({name}: ValueError: callback failed)" for name in names]
+
+
+def test_a_callback_error_is_not_raised_even_where_the_shims_own_modules_cannot_load(
+    modules: Modules, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken install (the shim's signal-handler check cannot be imported): the callback's failure
+    is still recorded and kept out of the application's import."""
+    name = modules.write("fails_broken", "DONE = 1\n")
+
+    def boom(module: ModuleType) -> None:
+        raise ValueError("callback failed")
+
+    modules.watch(name, boom)
+    monkeypatch.setitem(sys.modules, "te_offload_shim._signals", None)  # its import fails
+    assert importlib.import_module(name).DONE == 1
+    assert modules.hook.errors[name] == "ValueError: callback failed"
+
+
 def test_the_applications_interrupt_in_a_callback_reaches_it_and_the_next_import_fires(modules: Modules) -> None:
     """KeyboardInterrupt (Ctrl-C, Ray's cancel) during a callback fails the import, as it would have
     in the module's last line; importing it again runs the body and the callbacks afresh."""
@@ -322,15 +378,561 @@ def test_a_callback_that_imports_a_watched_module_does_not_nest(modules: Modules
     assert len(order) == 3, "and only once"
 
 
+def test_a_hook_reads_as_uninstalled_until_it_installs_and_installs_once() -> None:
+    """What the rest of the package reads of the hook (`installed`, the watch table, the user's
+    targets and problems, the callbacks' errors), before, during and after an install; `install`
+    says whether it installed, `uninstall` hands on what `restore` returned."""
+    hook = ImportHook()
+    assert (hook.installed, hook.watched, hook.user_targets, hook.problems, hook.errors) == (False, {}, (), [], {})
+    assert hook.installed is False and hook not in sys.meta_path
+    try:
+        assert hook.install({}, user_targets=["a target"], problems=["a problem"]) is True
+        assert hook.installed is True and sys.meta_path[0] is hook
+        assert (hook.user_targets, hook.problems) == (("a target",), ["a problem"])
+        assert hook.install({"json": "json:dumps"}) is False, "installed already: nothing changes"
+        assert hook.watched == {}
+    finally:
+        assert hook.uninstall(lambda: 7) == 7
+    assert hook.installed is False and hook not in sys.meta_path
+
+
+class FrontFinder:
+    """A finder that goes in front of ours and serves one module, as pytest's assertion rewriter does
+    for the modules it rewrites."""
+
+    def __init__(self, name: str, directory: Path) -> None:
+        self.name, self.directory = name, directory
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, [str(self.directory)])
+
+
+def test_a_finder_put_in_front_is_passed_again_at_the_next_look_up(modules: Modules) -> None:
+    """A finder that went in front of ours and serves a watched module: at the next look-up ours
+    is first again, and chains that finder's loader: the callback runs at the end of the module's
+    own import, not at some later one."""
+    name = modules.write("served_in_front", "DONE = 'served'\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    front = FrontFinder(name, modules.directory)
+    sys.meta_path = [front, *sys.meta_path]
+    try:
+        importlib.import_module(modules.write("any_other", ""))  # any look-up that reaches ours
+        module = importlib.import_module(name)
+        assert calls == [(module, "served")]
+    finally:
+        sys.meta_path = [finder for finder in sys.meta_path if finder is not front]
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM": "0"})  # the package's own hook not installed: ours alone
+def test_imports_leave_the_meta_path_list_as_it_is_while_ours_is_first(modules: Modules) -> None:
+    """Ours first already: an import, watched or not, leaves `sys.meta_path` the very list it was.
+    A new list at every import would cost each import a copy, and lose a finder another thread
+    adds to the list meanwhile."""
+    name = modules.write("kept_list", "DONE = 1\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    meta_path = sys.meta_path
+    assert meta_path[0] is modules.hook
+    importlib.import_module(name)
+    importlib.import_module(modules.write("unwatched", ""))
+    assert sys.meta_path is meta_path and len(calls) == 1
+
+
+def test_what_is_due_fires_at_the_end_of_each_later_import_on_the_thread(modules: Modules) -> None:
+    """After chained imports have ended on this thread (one watched, one fired because something was
+    due), a module loaded without our finder still fires at the end of the next import: an import
+    that ended is not counted as still running."""
+    watched = modules.write("first_watched", "DONE = 1\n")
+    unseen = modules.write("unseen_later", "DONE = 'loaded behind our back'\n")
+    other = modules.write("other_unseen", "DONE = 'also behind our back'\n")
+    calls: list = []
+    modules.watch(watched, recorder(calls))
+    modules.watch(unseen, recorder(calls))
+    modules.watch(other, recorder(calls))
+    first = importlib.import_module(watched)
+    module = _load_behind_its_back(modules, unseen)
+    importlib.import_module(modules.write("trigger_one", ""))
+    later = _load_behind_its_back(modules, other)
+    importlib.import_module(modules.write("trigger_two", ""))
+    assert calls == [(first, 1), (module, "loaded behind our back"), (later, "also behind our back")]
+
+
+def test_a_package_body_s_watched_imports_fire_at_their_end_and_what_is_due_at_the_package_s_end(
+    modules: Modules,
+) -> None:
+    """A watched module imported inside another's body fires at the end of its own import; what is
+    due (a module loaded without our finder) waits for the end of the outermost import, where no
+    module of the thread is half built."""
+    unseen = modules.write("due_meanwhile", "DONE = 'due'\n")
+    parts = [modules.write(n, "DONE = 1\n") for n in ("part_one", "part_two")]
+    package = modules.write("package", f"import {parts[0]}\nimport {parts[1]}\nDONE = 'whole'\n")
+    events: list[str] = []
+    for name in (*parts, package, unseen):
+        modules.watch(name, lambda module: events.append(module.__name__[len(modules.prefix) + 1 :]))
+    _load_behind_its_back(modules, unseen)
+    importlib.import_module(package)
+    assert events == ["part_one", "part_two", "package", "due_meanwhile"]
+
+
+def test_a_callback_an_interrupt_cut_short_is_due_again_at_the_next_import(modules: Modules) -> None:
+    """KeyboardInterrupt in the callback of a module imported before the watch (here: while the
+    install fires it): the module stays imported, unpatched, and its callback runs again at the
+    next import, as if it had never started."""
+    name = modules.write("cut_short", "DONE = 1\n")
+    module = importlib.import_module(name)
+    calls: list = []
+
+    def interrupted_once(module: ModuleType) -> None:
+        if not calls:
+            calls.append("interrupted")
+            raise KeyboardInterrupt
+        calls.append(module)
+
+    with pytest.raises(KeyboardInterrupt):
+        modules.watch(name, interrupted_once)
+    assert calls == ["interrupted"] and modules.hook.installed
+    importlib.import_module(modules.write("next", ""))
+    assert calls == ["interrupted", module]
+    importlib.import_module(modules.write("after", ""))
+    assert len(calls) == 2, "and then once only"
+
+
+def test_an_import_chained_for_what_is_due_leaves_it_to_the_thread_running_callbacks(modules: Modules) -> None:
+    """While a thread runs a callback, an import on another thread that finds something due does not
+    fire it: the thread running callbacks does, once its callback returned (it may be importing a
+    module the other callback needs)."""
+    busy = modules.write("busy", "DONE = 1\n")
+    unseen = modules.write("unseen_while_busy", "DONE = 2\n")
+    entered, release = threading.Event(), threading.Event()
+    ran_on: dict[str, str] = {}
+
+    def on_busy(module: ModuleType) -> None:
+        entered.set()
+        release.wait(JOIN_S)
+        ran_on["busy"] = threading.current_thread().name
+
+    modules.watch(busy, on_busy)
+
+    def on_unseen(module: ModuleType) -> None:
+        ran_on["unseen"] = threading.current_thread().name
+
+    modules.watch(unseen, on_unseen)
+    firing = threading.Thread(target=importlib.import_module, args=(busy,), name="firing", daemon=True)
+    firing.start()
+    try:
+        assert entered.wait(JOIN_S)
+        _load_behind_its_back(modules, unseen)
+        importlib.import_module(modules.write("trigger", ""))
+        assert ran_on == {}, "fired by the thread that is running a callback, not here"
+    finally:
+        release.set()
+    assert _joined(firing)
+    assert ran_on == {"busy": "firing", "unseen": "firing"}
+
+
+def test_a_lazily_loaded_module_fires_once_its_body_ran_and_not_before(modules: Modules) -> None:
+    """A watched module loaded through `importlib.util.LazyLoader` (the standard library's recipe):
+    the next import finds it in sys.modules with no body run; firing then would run it, an import
+    the application put off. Its first attribute read runs the body through our loader, and fires."""
+    name = modules.write("lazy", "DONE = 'body ran'\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    importlib.import_module(modules.write("trigger", ""))
+    assert calls == [], "fired before its body ran"
+    assert module.DONE == "body ran"
+    assert calls == [(module, "body ran")]
+
+
+def test_a_module_whose_spec_still_names_the_lazy_loader_has_not_finished(modules: Modules) -> None:
+    """Python 3.12+'s LazyLoader puts the module in sys.modules and imports `threading` before it
+    makes the module lazy: meanwhile the spec still names the LazyLoader, and nothing of the body
+    has run. That state, made here by hand on any Python, is not finished; once the spec names the
+    real loader, it is."""
+    name = modules.write("lazy_window", "DONE = 1\n")
+    spec = importlib.machinery.PathFinder.find_spec(name, [str(modules.directory)])
+    assert spec is not None and spec.loader is not None
+    real = spec.loader
+    spec.loader = importlib.util.LazyLoader(real)
+    module = importlib.util.module_from_spec(spec)
+    assert not finished(module)
+    spec.loader = real
+    assert finished(module)
+
+
+def test_a_finished_module_is_told_without_importlib_util_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -S` never loads importlib.util (site does): no lazy loader can be at work then, and a
+    module whose body ran is finished."""
+    monkeypatch.delitem(sys.modules, "importlib.util")
+    assert finished(json) and not finished(object())
+
+
+def test_a_watched_submodule_fires_at_the_end_of_its_own_import(modules: Modules) -> None:
+    """A module inside a package is found on the package's path, which ours hands on to the finders
+    behind it."""
+    package = f"{modules.prefix}_pkg"
+    (modules.directory / package).mkdir()
+    (modules.directory / package / "__init__.py").write_text("")
+    (modules.directory / package / "inner.py").write_text("DONE = 'inner'\n")
+    importlib.invalidate_caches()
+    calls: list = []
+    modules.watch(f"{package}.inner", recorder(calls))
+    module = importlib.import_module(f"{package}.inner")
+    assert calls == [(module, "inner")]
+
+
+class NoSpecModule(ModuleType):
+    """A module type that keeps no `__spec__` (the import system's assignment is refused)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name == "__spec__":
+            raise AttributeError("no __spec__ in this module type")
+        super().__setattr__(name, value)
+
+
+class NoSpecFinder:
+    """Serves one module, made by a loader whose modules keep no `__spec__`."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        return importlib.util.spec_from_loader(fullname, self) if fullname == self.name else None  # type: ignore[arg-type]
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
+        module = NoSpecModule(spec.name)
+        del module.__dict__["__spec__"]  # ModuleType's own __init__ set it to None
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.DONE = "no spec"  # type: ignore[attr-defined]
+
+
+def test_a_module_that_keeps_no_spec_is_imported_and_fired(modules: Modules) -> None:
+    """A loader whose module type refuses `__spec__`: the import works as without us, and fires."""
+    name = f"{modules.prefix}_no_spec"
+    finder = NoSpecFinder(name)
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    behind_ours(modules.hook, finder)
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert "__spec__" not in vars(module) and calls == [(module, "no spec")]
+
+
+class RecordingFinder:
+    """Serves one module from a directory, and records the `target` each look-up was given."""
+
+    def __init__(self, name: str, directory: Path) -> None:
+        self.name, self.directory = name, directory
+        self.targets: list[object] = []
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        self.targets.append(target)
+        return importlib.machinery.PathFinder.find_spec(fullname, [str(self.directory)])
+
+
+def test_a_reload_hands_its_module_to_the_finders_behind_ours(modules: Modules) -> None:
+    """`importlib.reload` asks the finders with the module being reloaded as `target` (a finder may
+    answer for it differently): ours hands it on, as the import system would have."""
+    name = modules.write("reloaded", "DONE = 'reloaded'\n")
+    finder = RecordingFinder(name, modules.directory)
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    behind_ours(modules.hook, finder)
+    try:
+        module = importlib.import_module(name)
+        importlib.reload(module)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert finder.targets == [None, module] and calls == [(module, "reloaded")] * 2
+
+
+class PassingLoader:
+    """A loader around another, as wrapt's finder puts around the loader it is given."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+
+
+class LooksUpAnotherFirst:
+    """A finder behind ours that, asked for `name`, looks up `other`, then `name` again through the
+    import system (guarded against itself, as wrapt's finder is), and answers with a loader of its
+    own around what it got."""
+
+    def __init__(self, name: str, other: str) -> None:
+        self.name, self.other = name, other
+        self.searching = False
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        if fullname != self.name or self.searching:
+            return None
+        self.searching = True
+        try:
+            importlib.util.find_spec(self.other)
+            spec = importlib.util.find_spec(self.name)
+        finally:
+            self.searching = False
+        assert spec is not None
+        spec.loader = PassingLoader(spec.loader)  # type: ignore[assignment]
+        return spec
+
+
+def test_a_finder_behind_ours_that_looks_up_two_names_finds_and_fires_once(modules: Modules) -> None:
+    """Ours looking up `first` asks that finder, which looks up `second` (ours answers it) and then
+    `first` again: that look-up comes back to ours, which leaves it to the finders behind it, as any
+    look-up of its own; had ours answered it, the finder's loader would hold ours, and ours would
+    chain that again: the callback would run twice."""
+    first = modules.write("looked_up_twice", "DONE = 'first'\n")
+    second = modules.write("looked_up_between", "DONE = 'second'\n")
+    finder = LooksUpAnotherFirst(first, second)
+    calls: list = []
+    modules.watch(first, recorder(calls))
+    modules.watch(second, recorder([]))
+    behind_ours(modules.hook, finder)
+    try:
+        module = importlib.import_module(first)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert calls == [(module, "first")]
+
+
+class LegacySubmoduleFinder:
+    """A finder of before Python 3.4 (only `find_module`) that serves one submodule from memory, and
+    only when asked with its package's path, as a path-based finder is."""
+
+    def __init__(self, name: str, package_path: list[str]) -> None:
+        self.name, self.package_path = name, package_path
+
+    def find_module(self, fullname: str, path: Sequence[str] | None = None) -> LegacySubmoduleFinder | None:
+        return self if fullname == self.name and list(path or ()) == self.package_path else None
+
+    def create_module(self, spec: ModuleSpec) -> None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.DONE = "legacy"  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 dropped find_module finders")
+def test_a_submodule_a_legacy_finder_serves_fires_at_the_end_of_its_own_import(modules: Modules) -> None:
+    """Ours asks a legacy finder behind it with the package's path, as the import system would: it
+    serves the submodule, chained."""
+    package = f"{modules.prefix}_legacy_pkg"
+    (modules.directory / package).mkdir()
+    (modules.directory / package / "__init__.py").write_text("")
+    importlib.invalidate_caches()
+    name = f"{package}.inner"
+    finder = LegacySubmoduleFinder(name, [str(modules.directory / package)])
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    behind_ours(modules.hook, finder)
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert calls == [(module, "legacy")]
+
+
+class CachingFinder:
+    """A finder behind ours that answers with a spec it keeps, got from the import system earlier
+    (so with our loader in it), as finders that cache their look-ups do."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.spec = importlib.util.find_spec(name)
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        return self.spec if fullname == self.name else None
+
+
+def test_a_spec_that_already_holds_our_loader_is_not_chained_again(modules: Modules) -> None:
+    """A finder behind ours hands back a spec ours chained before: ours leaves it as it is, and the
+    callback runs once."""
+    name = modules.write("cached_spec", "DONE = 'cached'\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    finder = CachingFinder(name)
+    assert finder.spec is not None and type(finder.spec.loader) is ChainedLoader
+    behind_ours(modules.hook, finder)
+    try:
+        module = importlib.import_module(name)
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
+    assert calls == [(module, "cached")]
+
+
+def test_a_watched_import_warns_nothing(modules: Modules) -> None:
+    """Ours asks each finder behind it as the import system does, through `find_spec`: the legacy
+    `find_module` of today's finders warns (DeprecationWarning), and under `-W error` that fails the
+    application's import."""
+    name = modules.write("quiet", "DONE = 1\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = importlib.import_module(name)
+    assert calls == [(module, 1)]
+
+
+def test_a_module_whose_spec_cannot_be_read_is_not_fired(modules: Modules) -> None:
+    """A watched module whose `__spec__` raises when read (a half-made module of some framework's):
+    the hook cannot tell whether its body ran, so it leaves it alone, and the import goes on."""
+
+    class Spec:
+        @property
+        def _initializing(self) -> bool:
+            raise RuntimeError("not readable")
+
+    name = modules.write("unreadable", "")
+    module = ModuleType(name)
+    module.__spec__ = Spec()  # type: ignore[assignment]
+    sys.modules[name] = module
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    importlib.import_module(modules.write("trigger", ""))
+    assert calls == []
+
+
+def test_a_watched_import_on_another_thread_fires_there_while_this_thread_runs_a_callback(modules: Modules) -> None:
+    """A callback starts a thread that imports another watched module, and waits for it: that
+    module's callback runs on that thread, at the end of its import, not later on this one."""
+    first = modules.write("first_busy", "DONE = 1\n")
+    second = modules.write("second_elsewhere", "DONE = 2\n")
+    events: list = []
+
+    def import_second() -> None:
+        importlib.import_module(second)
+        events.append("second imported")
+
+    def on_first(module: ModuleType) -> None:
+        events.append("first")
+        thread = threading.Thread(target=import_second, name="other", daemon=True)
+        thread.start()
+        events.append(_joined(thread))
+
+    modules.watch(first, on_first)
+    modules.watch(second, lambda module: events.append(f"second on {threading.current_thread().name}"))
+    importlib.import_module(first)
+    assert events == ["first", "second on other", "second imported", True]
+
+
+def test_a_module_imported_again_while_its_old_callback_runs_fires_for_each_and_fails_no_import(
+    modules: Modules,
+) -> None:
+    """Thread `firing` runs the callback of a module loaded without our finder; meanwhile this thread
+    imports the module afresh (a new module object): its callback runs here at once, and the first
+    one's end, after it, fails nothing."""
+    name = modules.write("again_meanwhile", "DONE = 1\n")
+    entered, release = threading.Event(), threading.Event()
+    calls: list = []
+
+    def callback(module: ModuleType) -> None:
+        calls.append(module)
+        if len(calls) == 1:
+            entered.set()
+            release.wait(JOIN_S)
+
+    modules.watch(name, callback)
+    first = _load_behind_its_back(modules, name)
+    failed: list[BaseException] = []
+
+    def trigger() -> None:
+        try:
+            importlib.import_module(modules.write("trigger", ""))
+        except BaseException as exc:
+            failed.append(exc)
+
+    firing = threading.Thread(target=trigger, name="firing", daemon=True)
+    firing.start()
+    try:
+        assert entered.wait(JOIN_S)
+        del sys.modules[name]
+        second = importlib.import_module(name)
+        assert calls == [first, second]
+    finally:
+        release.set()
+    assert _joined(firing) and failed == []
+    importlib.import_module(modules.write("later", ""))
+    assert calls == [first, second]
+
+
+def test_a_module_reloaded_while_its_callback_runs_elsewhere_fires_again_after_it(modules: Modules) -> None:
+    """Thread `firing` runs the callback of a module loaded without our finder; meanwhile this thread
+    reloads the module (its body runs again, new functions in it). The callback is not run twice at
+    once: it runs again once the first one returned, on the new functions."""
+    name = modules.write("reloaded_meanwhile", "def offload():\n    pass\n")
+    entered, release = threading.Event(), threading.Event()
+    seen: list = []
+
+    def callback(module: ModuleType) -> None:
+        seen.append(module.offload)
+        if len(seen) == 1:
+            entered.set()
+            release.wait(JOIN_S)
+
+    modules.watch(name, callback)
+    module = _load_behind_its_back(modules, name)
+    firing = threading.Thread(target=importlib.import_module, args=(modules.write("trigger", ""),), daemon=True)
+    firing.start()
+    try:
+        assert entered.wait(JOIN_S)
+        importlib.reload(module)
+        assert len(seen) == 1, "run a second time while the first still ran"
+    finally:
+        release.set()
+    assert _joined(firing)
+    importlib.import_module(modules.write("later", ""))
+    assert len(seen) == 2 and seen[-1] is module.offload
+
+
+def test_a_watched_import_ends_while_another_thread_still_runs_a_callback(modules: Modules) -> None:
+    """Thread `firing` runs the callback of a module loaded without our finder, and waits; a watched
+    import here fires its own callback and returns at once, without waiting for (or retrying) the
+    module whose callback is still running there."""
+    slow = modules.write("slow_callback", "DONE = 1\n")
+    quick = modules.write("quick_import", "DONE = 2\n")
+    entered, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def on_slow(module: ModuleType) -> None:
+        entered.set()
+        calls.append("slow released" if release.wait(JOIN_S) else "slow timed out")
+
+    modules.watch(slow, on_slow)
+    modules.watch(quick, lambda module: calls.append("quick"))
+    _load_behind_its_back(modules, slow)
+    firing = threading.Thread(target=importlib.import_module, args=(modules.write("trigger", ""),), daemon=True)
+    firing.start()
+    try:
+        assert entered.wait(JOIN_S)
+        importlib.import_module(quick)
+        assert calls == ["quick"], "the import waited for the other thread's callback"
+    finally:
+        release.set()
+    assert _joined(firing) and calls == ["quick", "slow released"]
+
+
 # --- threads: callbacks run outside the hook's lock (wrapt's import-deadlock tests, in our terms).
 # Each runs in a child interpreter of its own: on a deadlock its daemon threads stay stuck there.
-
-JOIN_S = 10
-
-
-def _joined(thread: threading.Thread) -> bool:
-    thread.join(JOIN_S)
-    return not thread.is_alive()
 
 
 @pytest.mark.subprocess()
@@ -424,3 +1026,157 @@ def test_wrapts_own_hook_on_the_same_module_and_ours_each_fire_once(modules: Mod
     assert sys.meta_path[0] is modules.hook and any(type(f).__module__ == "wrapt.importer" for f in sys.meta_path)
     importlib.import_module(name)
     assert sorted(calls) == ["ours", "wrapt"]
+
+
+# --- fork: the hook's at-fork hooks (os.register_at_fork), in a child interpreter of its own each (the
+# hooks of every hook made there stay registered for the rest of that process).
+
+
+def _fork_and_reap() -> int:
+    """Fork; the child exits at once (os._exit: nothing of the test runs twice); the child's status."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.subprocess()
+def test_after_a_fork_the_parents_other_threads_still_run_callbacks(modules: Modules) -> None:
+    """The fork holds the hook's lock across itself (a child must not copy it half done) and hands
+    it back after, in the parent too: another thread's watched import then fires as before."""
+    name = modules.write("after_fork", "DONE = 1\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    assert _fork_and_reap() == 0
+    thread = threading.Thread(target=importlib.import_module, args=(name,), daemon=True)
+    thread.start()
+    assert _joined(thread), "the hook's lock was kept by the thread that forked"
+    assert calls == [(sys.modules[name], 1)]
+
+
+@pytest.mark.subprocess()
+def test_a_fork_waits_for_a_callback_in_flight_only_as_long_as_fork_wait_s(
+    modules: Modules, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A callback stuck on another thread longer than FORK_WAIT_S is the application's hang: the fork
+    goes on at the end of that wait instead of waiting with it."""
+    import te_offload_shim._hook as hook_module
+
+    monkeypatch.setattr(hook_module, "FORK_WAIT_S", 0.1)
+    name = modules.write("stuck_callback", "DONE = 1\n")
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck(module: ModuleType) -> None:
+        entered.set()
+        release.wait(JOIN_S)
+
+    modules.watch(name, stuck)
+    thread = threading.Thread(target=importlib.import_module, args=(name,), daemon=True)
+    thread.start()
+    try:
+        assert entered.wait(JOIN_S)
+        start = time.monotonic()
+        assert _fork_and_reap() == 0
+        waited = time.monotonic() - start
+    finally:
+        release.set()
+    assert _joined(thread)
+    assert 0.05 < waited < 0.7, f"the fork waited {waited:.2f} s for a callback stuck for good"
+
+
+@pytest.mark.subprocess()
+def test_a_fork_while_the_lock_is_held_and_a_callback_runs_raises_nothing(
+    modules: Modules, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An uninstall holds the hook's lock past FORK_WAIT_S (its restore is slow) while another thread
+    runs a callback: the fork goes on without the lock, and the hook's at-fork hooks raise nothing
+    (Python would print it at the fork)."""
+    import te_offload_shim._hook as hook_module
+
+    monkeypatch.setattr(hook_module, "FORK_WAIT_S", 0.3)
+    raised: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", raised.append)
+    name = modules.write("in_flight_at_fork", "DONE = 1\n")
+    in_callback, in_restore, release = threading.Event(), threading.Event(), threading.Event()
+
+    def stuck(module: ModuleType) -> None:
+        in_callback.set()
+        release.wait(JOIN_S)
+
+    def slow_restore() -> int:
+        in_restore.set()
+        release.wait(JOIN_S)
+        return 0
+
+    modules.watch(name, stuck)
+    firing = threading.Thread(target=importlib.import_module, args=(name,), daemon=True)
+    firing.start()
+    assert in_callback.wait(JOIN_S)
+    uninstalling = threading.Thread(target=modules.hook.uninstall, args=(slow_restore,), daemon=True)
+    uninstalling.start()
+    try:
+        assert in_restore.wait(JOIN_S)
+        assert _fork_and_reap() == 0
+    finally:
+        release.set()
+    assert _joined(firing) and _joined(uninstalling)
+    assert raised == []
+
+
+@pytest.mark.subprocess()
+def test_a_child_forked_while_another_thread_runs_a_callback_fires_that_module_itself(modules: Modules) -> None:
+    """Another thread runs the callback of a module loaded without our finder (a finished module, due)
+    when this one forks: that thread does not exist in the child, where the callback never ends, so
+    there the module is due again, and fires at the child's next import."""
+    name = modules.write("in_flight_in_parent", "DONE = 1\n")
+    parent = os.getpid()
+    entered, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+
+    def callback(module: ModuleType) -> None:
+        calls.append(os.getpid())
+        if os.getpid() == parent:
+            entered.set()
+            release.wait(JOIN_S)
+
+    modules.watch(name, callback)
+    _load_behind_its_back(modules, name)
+    trigger = modules.write("parent_trigger", "")
+    firing = threading.Thread(target=importlib.import_module, args=(trigger,), daemon=True)
+    firing.start()
+    try:
+        assert entered.wait(JOIN_S)
+        pid = os.fork()
+        if pid == 0:
+            importlib.import_module(modules.write("child_trigger", ""))
+            os._exit(10 + len(calls))  # 12: it fired here too
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    finally:
+        release.set()
+    assert _joined(firing)
+    assert status == 12, "the module whose callback the parent's other thread ran was not fired in the child"
+
+
+@pytest.mark.subprocess()
+def test_a_child_forked_by_a_callback_does_not_run_that_callback_again(modules: Modules) -> None:
+    """A callback that forks (here of a module loaded without our finder, fired at the end of another
+    import): in the child the callback is still running on this thread; an import there fires
+    nothing of it again."""
+    name = modules.write("forks_in_callback", "DONE = 1\n")
+    calls: list[int] = []
+    status: list[int] = []
+
+    def callback(module: ModuleType) -> None:
+        calls.append(os.getpid())
+        if len(calls) > 1:
+            return
+        pid = os.fork()
+        if pid == 0:
+            importlib.import_module(modules.write("trigger_in_child", ""))
+            os._exit(10 + len(calls))  # 11: once
+        status.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+    modules.watch(name, callback)
+    _load_behind_its_back(modules, name)
+    importlib.import_module(modules.write("trigger_in_parent", ""))
+    assert status == [11] and len(calls) == 1
