@@ -272,3 +272,52 @@ def test_a_models_spec_that_names_no_parameter_is_said_as_the_user_wrote_it() ->
     assert row["state"] == "error" and row["detail"].startswith(
         "models spec 'nope.chunks' names no parameter of offload("
     )
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "usermod.offload:offload"})
+def test_our_disarmed_wrapper_found_in_place_at_a_new_install_is_replaced_not_wrapped() -> None:
+    """A tool that wrapped our wrapper kept uninstall() from putting the original back, and later
+    unwrapped, leaving our disarmed wrapper in place. The next install patches what it wraps: one
+    layer of ours, and the next uninstall puts the original function back, not the old wrapper."""
+    import functools
+
+    import te_offload_shim
+    from te_offload_shim.engine.patch import shim_layers
+
+    use_usermod()
+    module: Any = importlib.import_module("usermod.offload")
+    ours = module.offload
+    original = ours.__wrapped__
+    module.offload = functools.wraps(ours)(lambda *a, **k: ours(*a, **k))  # a tracer wraps it after us
+    te_offload_shim.uninstall()
+    assert module.offload.__wrapped__ is ours  # not ours to undo: ours stays, disarmed
+    module.offload = module.offload.__wrapped__  # the tracer steps back out
+    assert te_offload_shim.install()
+    (row,) = [r for r in te_offload_shim.status()["targets"] if r["name"] == "usermod.offload:offload"]
+    assert row["state"] == "patched"
+    assert module.offload is not ours and module.offload.__wrapped__ is original
+    assert shim_layers(module.offload) == 1
+    te_offload_shim.uninstall()
+    assert module.offload is original
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "usermod.offload:offload"})
+def test_a_patch_that_an_uninstall_overtook_lands_nothing_and_says_not_installed() -> None:
+    """`apply` where the uninstall came first (the registry refuses the record: the race of
+    tests/hostile/test_fork_and_uninstall.py made certain): nothing is put in place and its state
+    says so."""
+    import te_offload_shim
+    from te_offload_shim.engine import registry
+    from te_offload_shim.engine.patch import apply
+    from te_offload_shim.integrations.user_targets import parse_user_targets
+
+    use_usermod()
+    module = importlib.import_module("usermod.offload")
+    original = module.offload.__wrapped__
+    te_offload_shim.uninstall()
+    assert module.offload is original
+    (target,), problems = parse_user_targets("usermod.offload:offload")
+    assert problems == []
+    assert apply(target, module) == ("not installed", "")
+    assert registry.state(target.name) == ("not installed", "")
+    assert module.offload is original and registry.records() == []

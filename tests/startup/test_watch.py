@@ -328,6 +328,27 @@ def test_modules_due_at_once_fire_in_the_watch_tables_order(modules: Modules) ->
     assert order == list(table)
 
 
+def test_two_modules_due_at_once_fire_in_the_watch_tables_order_whatever_the_hash_seed(modules: Modules) -> None:
+    """Two, not three: the hook finds what is due through a set, whose order comes from the hash seed;
+    the pair is chosen so that this interpreter's set order is not the table's (one pair in two is)."""
+    for attempt in range(40):
+        table: dict[str, str] = {}
+        for n in ("x", "y"):
+            name = modules.write(f"due_pair_{attempt}_{n}", "DONE = 1\n")
+            importlib.import_module(name)
+            table[name] = f"{HOOKS}:on_{name}"
+        if list(dict(table).keys() & sys.modules.keys()) != list(table):  # as the hook finds them
+            break
+    else:
+        pytest.fail("no pair of names whose set order differs from the table's in 40")
+    order: list[str] = []
+    for name in table:
+        setattr(sys.modules[HOOKS], f"on_{name}", lambda module, name=name: order.append(name))
+    modules.hook.uninstall(lambda: 0)
+    modules.hook.install(table)
+    assert order == list(table)
+
+
 def test_what_is_due_is_read_from_one_watch_table_while_another_thread_replaces_it(modules: Modules) -> None:
     """An uninstall on another thread replaces the watch table while what is due is read (here:
     while the first module's `__spec__` is read): the order still comes from the table they were
