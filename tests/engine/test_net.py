@@ -488,24 +488,17 @@ def test_fp8_primary_weights_transposes_cleared_by_the_net_are_counted_logged_an
     flush, its bytes in `primary_weight_cleared` of `status()["net"]` and `stats()["net"]`), the
     first clearing logged once with its caller, and shown in `te-offload-shim status`. The net off
     (`TE_OFFLOAD_SHIM_NET=0`) keeps the transposes: the baseline."""
-    import torch
     from support import net_case
 
     import te_offload_shim
-    from harness import te_twin
     from te_offload_shim import cli
 
     te = net_case.load()
-    from transformer_engine.common.recipe import DelayedScaling
 
     caplog.set_level(logging.INFO, logger="te_offload_shim")
 
     def offloaded() -> Any:
-        with te_twin.model_init(DelayedScaling()):
-            layer = te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32)
-        net_case.forward(layer, is_first_microbatch=True)
-        assert type(layer.weight).__name__ == "Float8Tensor" and layer.weight._transpose is not None
-        assert not layer._fp8_workspaces, "an FP8 primary weight has no workspace entry"
+        layer = net_case.fp8_primary_linear(te)
         layer.weight._data.untyped_storage().resize_(0)  # megatron-core's buffer offload of an FP8 weight
         layer.bias.data.untyped_storage().resize_(0)
         return layer
@@ -550,14 +543,11 @@ def test_fp8_primary_weights_transposes_cleared_by_a_table_target_are_counted_lo
     time (`TE_OFFLOAD_SHIM_DISABLE=verl`) keeps the transposes: the baseline."""
     import json
 
-    import torch
     from support import net_case
 
     import te_offload_shim
-    from harness import te_twin
 
     te = net_case.load()
-    from transformer_engine.common.recipe import DelayedScaling
     from verl.utils import megatron_utils
 
     caplog.set_level(logging.INFO, logger="te_offload_shim")
@@ -565,21 +555,13 @@ def test_fp8_primary_weights_transposes_cleared_by_a_table_target_are_counted_lo
     os.environ["TE_OFFLOAD_SHIM_STATS"] = str(stats_file)
     written = tmp_path / f"stats-{os.getpid()}.json"
 
-    def trained() -> Any:
-        with te_twin.model_init(DelayedScaling()):
-            layer = te.Linear(net_case.HIDDEN, net_case.HIDDEN, params_dtype=torch.float32)
-        net_case.forward(layer, is_first_microbatch=True)
-        assert type(layer.weight).__name__ == "Float8Tensor" and layer.weight._transpose is not None
-        assert not layer._fp8_workspaces, "an FP8 primary weight has no workspace entry"
-        return layer
-
     os.environ["TE_OFFLOAD_SHIM_DISABLE"] = "verl"
-    layer = trained()
+    layer = net_case.fp8_primary_linear(te)
     megatron_utils.offload_megatron_model_to_cpu([layer])
     assert layer.weight._transpose is not None, "the row switched off keeps the transpose"
     assert not written.exists(), "nothing cleared, nothing written"
     del os.environ["TE_OFFLOAD_SHIM_DISABLE"]
-    layer = trained()
+    layer = net_case.fp8_primary_linear(te)
     transpose = layer.weight._transpose.untyped_storage().nbytes()
     megatron_utils.offload_megatron_model_to_cpu([layer])
     assert layer.weight._transpose is None, "the table's clearing dropped the transpose"

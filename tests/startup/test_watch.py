@@ -10,6 +10,7 @@ shim may be installed in this process by another test) watches none of these nam
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -81,10 +82,16 @@ def _joined(thread: threading.Thread) -> bool:
     return not thread.is_alive()
 
 
-def behind_ours(hook: ImportHook, finder: object) -> None:
-    """Put `finder` on the meta path right behind `hook` (the package's own hook may stand first)."""
+@contextlib.contextmanager
+def behind_ours(hook: ImportHook, finder: object) -> Iterator[None]:
+    """`finder` on the meta path right behind `hook` (the package's own hook may stand first), and off
+    it again after."""
     at = sys.meta_path.index(hook) + 1
     sys.meta_path = [*sys.meta_path[:at], finder, *sys.meta_path[at:]]  # type: ignore[list-item]
+    try:
+        yield
+    finally:
+        sys.meta_path = [f for f in sys.meta_path if f is not finder]
 
 
 def recorder(calls: list) -> Callable[[ModuleType], None]:
@@ -643,11 +650,8 @@ def test_a_module_that_keeps_no_spec_is_imported_and_fired(modules: Modules) -> 
     finder = NoSpecFinder(name)
     calls: list = []
     modules.watch(name, recorder(calls))
-    behind_ours(modules.hook, finder)
-    try:
+    with behind_ours(modules.hook, finder):
         module = importlib.import_module(name)
-    finally:
-        sys.meta_path = [f for f in sys.meta_path if f is not finder]
     assert "__spec__" not in vars(module) and calls == [(module, "no spec")]
 
 
@@ -672,12 +676,9 @@ def test_a_reload_hands_its_module_to_the_finders_behind_ours(modules: Modules) 
     finder = RecordingFinder(name, modules.directory)
     calls: list = []
     modules.watch(name, recorder(calls))
-    behind_ours(modules.hook, finder)
-    try:
+    with behind_ours(modules.hook, finder):
         module = importlib.import_module(name)
         importlib.reload(module)
-    finally:
-        sys.meta_path = [f for f in sys.meta_path if f is not finder]
     assert finder.targets == [None, module] and calls == [(module, "reloaded")] * 2
 
 
@@ -728,11 +729,8 @@ def test_a_finder_behind_ours_that_looks_up_two_names_finds_and_fires_once(modul
     calls: list = []
     modules.watch(first, recorder(calls))
     modules.watch(second, recorder([]))
-    behind_ours(modules.hook, finder)
-    try:
+    with behind_ours(modules.hook, finder):
         module = importlib.import_module(first)
-    finally:
-        sys.meta_path = [f for f in sys.meta_path if f is not finder]
     assert calls == [(module, "first")]
 
 
@@ -765,11 +763,8 @@ def test_a_submodule_a_legacy_finder_serves_fires_at_the_end_of_its_own_import(m
     finder = LegacySubmoduleFinder(name, [str(modules.directory / package)])
     calls: list = []
     modules.watch(name, recorder(calls))
-    behind_ours(modules.hook, finder)
-    try:
+    with behind_ours(modules.hook, finder):
         module = importlib.import_module(name)
-    finally:
-        sys.meta_path = [f for f in sys.meta_path if f is not finder]
     assert calls == [(module, "legacy")]
 
 
@@ -793,11 +788,8 @@ def test_a_spec_that_already_holds_our_loader_is_not_chained_again(modules: Modu
     modules.watch(name, recorder(calls))
     finder = CachingFinder(name)
     assert finder.spec is not None and type(finder.spec.loader) is ChainedLoader
-    behind_ours(modules.hook, finder)
-    try:
+    with behind_ours(modules.hook, finder):
         module = importlib.import_module(name)
-    finally:
-        sys.meta_path = [f for f in sys.meta_path if f is not finder]
     assert calls == [(module, "cached")]
 
 

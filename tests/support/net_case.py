@@ -28,6 +28,22 @@ def cached_linear(te: Any, seed: int = 0) -> Any:
     return layer
 
 
+def fp8_primary_linear(te: Any) -> Any:
+    """A `te.Linear` built under `quantized_model_init` (FP8 primary weights), after TE's own FP8
+    forward: no workspace entry; the weight's transpose is the cache."""
+    import torch
+    from transformer_engine.common.recipe import DelayedScaling
+
+    from harness import te_twin
+
+    with te_twin.model_init(DelayedScaling()):
+        layer = te.Linear(HIDDEN, HIDDEN, params_dtype=torch.float32)
+    forward(layer, is_first_microbatch=True)
+    assert type(layer.weight).__name__ == "Float8Tensor" and layer.weight._transpose is not None
+    assert not layer._fp8_workspaces, "an FP8 primary weight has no workspace entry"
+    return layer
+
+
 def forward(layer: Any, *, is_first_microbatch: bool | None, seed: int = 1) -> Any:
     """One FP8 forward and backward (delayed scaling); returns the loss."""
     import torch
