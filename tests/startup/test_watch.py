@@ -94,6 +94,19 @@ def behind_ours(hook: ImportHook, finder: object) -> Iterator[None]:
         sys.meta_path = [f for f in sys.meta_path if f is not finder]
 
 
+def interrupted_the_first_time(calls: list) -> Callable[[ModuleType], None]:
+    """A callback that raises KeyboardInterrupt (Ctrl-C, Ray's cancel) the first time, then records
+    the module."""
+
+    def interrupted_once(module: ModuleType) -> None:
+        if not calls:
+            calls.append("interrupted")
+            raise KeyboardInterrupt
+        calls.append(module)
+
+    return interrupted_once
+
+
 def recorder(calls: list) -> Callable[[ModuleType], None]:
     """A callback that records the module and what its body had defined by then."""
 
@@ -302,13 +315,7 @@ def test_the_applications_interrupt_in_a_callback_reaches_it_and_the_next_import
         "interrupted", "import builtins\nbuiltins.INTERRUPTED_RUNS = getattr(builtins, 'INTERRUPTED_RUNS', 0) + 1\n"
     )
     calls: list = []
-
-    def interrupted_once(module: ModuleType) -> None:
-        if not calls:
-            calls.append("interrupted")
-            raise KeyboardInterrupt
-        calls.append(module)
-
+    interrupted_once = interrupted_the_first_time(calls)
     modules.watch(name, interrupted_once)
     with pytest.raises(KeyboardInterrupt):
         importlib.import_module(name)
@@ -512,13 +519,7 @@ def test_a_callback_an_interrupt_cut_short_is_due_again_at_the_next_import(modul
     name = modules.write("cut_short", "DONE = 1\n")
     module = importlib.import_module(name)
     calls: list = []
-
-    def interrupted_once(module: ModuleType) -> None:
-        if not calls:
-            calls.append("interrupted")
-            raise KeyboardInterrupt
-        calls.append(module)
-
+    interrupted_once = interrupted_the_first_time(calls)
     with pytest.raises(KeyboardInterrupt):
         modules.watch(name, interrupted_once)
     assert calls == ["interrupted"] and modules.hook.installed
