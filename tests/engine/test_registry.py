@@ -1,12 +1,13 @@
 """The registry of patches (te_offload_shim/engine/registry.py) through its own functions: a record
 put in place and undone, the module globals that alias what it patched pointed along (and only where
-the record asks), what `deactivate()` says of a patch it cannot undo, and that nothing lands once the
+the record asks; past a module whose globals change while they are read), what `deactivate()` says of a patch it cannot undo, and that nothing lands once the
 shim is uninstalled. Records made and put in place by hand run in this process; those added to the
 registry (`add`, `deactivate`) run in a fresh interpreter, whose registry is the test's alone.
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 import types
 from collections.abc import Iterator
@@ -128,7 +129,8 @@ def test_add_puts_the_replacement_in_place_and_points_the_aliases_only_where_the
 
     owner = types.ModuleType("_te_offload_shim_test_registry_owner")
     holder = types.ModuleType("_te_offload_shim_test_registry_holder")
-    owner.f, owner.g = holder.f, holder.g = f, g  # `from owner import f, g` made before the patches
+    for module in (owner, holder):  # `from owner import f, g` made before the patches
+        vars(module).update(f=f, g=g)
     sys.modules[owner.__name__], sys.modules[holder.__name__] = owner, holder
     aliased = registry.Record("test", owner, "f", f, aliases=True)
     plain = registry.Record("test", owner, "g", g)  # no `aliases`: a class's or Ray's kind of patch
@@ -185,6 +187,39 @@ def test_once_the_shim_is_uninstalled_no_patch_lands() -> None:
 
     te_offload_shim.uninstall()
     owner = types.ModuleType("_te_offload_shim_test_registry_owner")
-    owner.f = f
+    vars(owner)["f"] = f
     assert registry.add(registry.Record("test", owner, "f", f, aliases=True), len) is False
     assert owner.f is f and registry.records() == []
+
+
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="Python 3.12+ collects garbage between bytecodes only, never inside the copy"
+)
+def test_rebind_passes_over_a_module_whose_globals_change_while_it_reads_them_and_searches_the_rest(
+    modules: list[types.ModuleType],
+) -> None:
+    """A module's globals changed while rebind copies them raise RuntimeError there: that module is
+    passed over (its aliases come later), and every module after it is still searched. What changes
+    them here is code the garbage collector runs inside the copy (a collection's callback, as a
+    finalizer would), which Python 3.10 and 3.11 do at an allocation; the module is larger than the
+    free list of pairs, so the copy allocates."""
+    original, replacement = _functions()
+    busy = _module(modules, "busy", f=original, **{f"x{i}": i for i in range(5000)})
+    after = _module(modules, "after", f=original)
+    added: list[str] = []
+
+    def fill(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and sys._getframe(1).f_locals.get("module") is busy:
+            added.append(f"late{len(added)}")
+            setattr(busy, added[-1], None)
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(fill)
+    gc.set_threshold(1)
+    try:
+        registry.rebind(original, replacement)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(fill)
+    assert added, "no collection ran while rebind read the busy module"
+    assert busy.f is original and after.f is replacement
