@@ -1,9 +1,9 @@
 """The registry of patches (te_offload_shim/engine/registry.py) through its own functions: a record
 put in place and undone, the module globals that alias what it patched pointed along (and only where
-the record asks; past a module whose globals change while they are read), what `deactivate()` says of a patch it cannot undo, and that nothing lands once the
-shim is uninstalled. Records made and put in place by hand run in this process; those added to the
-registry (`add`, `deactivate`) run in a fresh interpreter, whose registry is the test's alone.
-"""
+the record asks; past a module whose globals change while they are read), what `deactivate()` says
+of a patch it cannot undo, and that nothing lands once the shim is uninstalled. Records made and put
+in place by hand run in this process; those added to the registry (`add`, `deactivate`) run in a
+fresh interpreter, whose registry is the test's alone."""
 
 from __future__ import annotations
 
