@@ -295,15 +295,31 @@ def test_a_callback_error_is_logged_once_per_module_with_its_reason(
 def test_a_callback_error_is_not_raised_even_where_the_shims_own_modules_cannot_load(
     modules: Modules, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A broken install (the shim's signal-handler check cannot be imported): the callback's failure
-    is still recorded and kept out of the application's import."""
+    """A broken install (the shim's signal-handler check cannot be imported, so neither can its
+    logging): the callback's failure is still recorded, by its type's name (nothing can describe it
+    further), and kept out of the application's import."""
     name = modules.write("fails_broken", "DONE = 1\n")
 
     def boom(module: ModuleType) -> None:
         raise ValueError("callback failed")
 
     modules.watch(name, boom)
+    monkeypatch.delitem(sys.modules, "te_offload_shim._log", raising=False)  # not loaded yet, whatever ran before
     monkeypatch.setitem(sys.modules, "te_offload_shim._signals", None)  # its import fails
+    assert importlib.import_module(name).DONE == 1
+    assert modules.hook.errors[name] == "ValueError"
+
+
+def test_a_callback_error_fails_no_import_in_strict_mode(modules: Modules, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`TE_OFFLOAD_SHIM_STRICT=1` raises the shim's own errors for tests, but not into an import:
+    a failing callback is recorded, and the application's import goes on."""
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_STRICT", "1")
+    name = modules.write("fails_strict", "DONE = 1\n")
+
+    def boom(module: ModuleType) -> None:
+        raise ValueError("callback failed")
+
+    modules.watch(name, boom)
     assert importlib.import_module(name).DONE == 1
     assert modules.hook.errors[name] == "ValueError: callback failed"
 
@@ -643,6 +659,18 @@ class NoSpecFinder:
 
     def exec_module(self, module: ModuleType) -> None:
         module.DONE = "no spec"  # type: ignore[attr-defined]
+
+
+def test_a_module_made_by_hand_and_put_in_sys_modules_fires_when_watched(modules: Modules) -> None:
+    """A module no loader made (`types.ModuleType`, put in sys.modules by hand: its `__spec__` is
+    None) has nothing left to run: it is finished, and fires at the watch."""
+    name = f"{modules.prefix}_by_hand"
+    module = ModuleType(name)
+    module.DONE = "by hand"  # type: ignore[attr-defined]
+    sys.modules[name] = module
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    assert calls == [(module, "by hand")]
 
 
 def test_a_module_that_keeps_no_spec_is_imported_and_fired(modules: Modules) -> None:
@@ -1103,8 +1131,8 @@ def test_a_fork_while_the_lock_is_held_and_a_callback_runs_raises_nothing(
     modules: Modules, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An uninstall holds the hook's lock past FORK_WAIT_S (its restore is slow) while another thread
-    runs a callback: the fork goes on without the lock, and the hook's at-fork hooks raise nothing
-    (Python would print it at the fork)."""
+    runs a callback: the fork goes on without the lock once FORK_WAIT_S is over, not later, and the
+    hook's at-fork hooks raise nothing (Python would print it at the fork)."""
     import te_offload_shim._hook as hook_module
 
     monkeypatch.setattr(hook_module, "FORK_WAIT_S", 0.3)
@@ -1130,11 +1158,14 @@ def test_a_fork_while_the_lock_is_held_and_a_callback_runs_raises_nothing(
     uninstalling.start()
     try:
         assert in_restore.wait(JOIN_S)
+        start = time.monotonic()
         assert _fork_and_reap() == 0
+        waited = time.monotonic() - start
     finally:
         release.set()
     assert _joined(firing) and _joined(uninstalling)
     assert raised == []
+    assert 0.25 < waited < 0.8, f"the fork waited {waited:.2f} s for a lock held for good (FORK_WAIT_S 0.3)"
 
 
 @pytest.mark.subprocess()
@@ -1172,6 +1203,32 @@ def test_a_child_forked_while_another_thread_runs_a_callback_fires_that_module_i
 
 
 @pytest.mark.subprocess()
+def test_a_callback_that_forks_and_returns_in_the_child_is_recorded_there_and_runs_once(modules: Modules) -> None:
+    """A callback that forks, and goes on in the child too (a fork-server start): in the child its
+    end records the module as fired, though the fork cleared the claims, so nothing runs it again."""
+    name = modules.write("forks_and_returns", "DONE = 1\n")
+    parent = os.getpid()
+    calls: list[int] = []
+    status: list[int] = []
+
+    def callback(module: ModuleType) -> None:
+        calls.append(os.getpid())
+        if len(calls) > 1:
+            return
+        pid = os.fork()
+        if pid:
+            status.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+
+    modules.watch(name, callback)
+    _load_behind_its_back(modules, name)
+    importlib.import_module(modules.write("trigger_forks_and_returns", ""))
+    if os.getpid() != parent:  # the child, its callback returned
+        importlib.import_module(modules.write("trigger_in_child_after", ""))
+        os._exit(10 + len(calls))  # 11: once, in the parent before the fork
+    assert status == [11] and calls == [parent]
+
+
+@pytest.mark.subprocess()
 def test_a_child_forked_by_a_callback_does_not_run_that_callback_again(modules: Modules) -> None:
     """A callback that forks (here of a module loaded without our finder, fired at the end of another
     import): in the child the callback is still running on this thread; an import there fires
@@ -1194,3 +1251,84 @@ def test_a_child_forked_by_a_callback_does_not_run_that_callback_again(modules: 
     _load_behind_its_back(modules, name)
     importlib.import_module(modules.write("trigger_in_parent", ""))
     assert status == [11] and len(calls) == 1
+
+
+class ForksWhenAsked:
+    """A finder behind ours that forks while it is asked for `name` (once). In the child it looks
+    `name` up again, as a finder that defers to the import system would, and exits: 0 where that
+    look-up came back unchained (ours left it to the finders behind it), 1 where ours chained it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.status: int | None = None
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname != self.name or self.status is not None:
+            return None
+        self.status = -1
+        pid = os.fork()
+        if pid == 0:
+            spec = importlib.util.find_spec(fullname)
+            os._exit(1 if spec is None or type(spec.loader) is ChainedLoader else 0)
+        self.status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        return None
+
+
+@pytest.mark.subprocess()
+def test_a_fork_inside_our_look_up_keeps_that_look_up_ours_in_the_child(modules: Modules) -> None:
+    """A fork on the thread that is inside ours (a finder behind ours forks): in the child that thread
+    is still inside it, so its look-up of the same name comes back to the finders behind, as in the
+    parent; the fork clears only other threads' marks."""
+    name = modules.write("forked_in_look_up", "DONE = 1\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    finder = ForksWhenAsked(name)
+    with behind_ours(modules.hook, finder):
+        module = importlib.import_module(name)
+    assert finder.status == 0, "in the child, ours chained its own look-up again"
+    assert calls == [(module, 1)]
+
+
+@pytest.mark.subprocess()
+def test_a_child_thread_that_reuses_the_ident_of_a_parent_thread_inside_an_import_fires_at_its_end(
+    modules: Modules,
+) -> None:
+    """Another thread is inside a watched module's body when this one forks. In the child that
+    thread is gone, and a new thread there takes its ident (glibc hands the freed stack on): that
+    thread's import is its outermost, so what is due fires at its end. Had the fork kept the gone
+    thread's import depth, the new one would be taken as nested in it and fire nothing."""
+    hooks = sys.modules[HOOKS]
+    hooks.entered, hooks.release = threading.Event(), threading.Event()  # type: ignore[attr-defined]
+    body = modules.write(
+        "body_at_fork",
+        "import sys, threading\nhooks = sys.modules['watch_probe_hooks']\n"
+        "hooks.inside = threading.get_ident()\nhooks.entered.set()\nhooks.release.wait(10)\n",
+    )
+    due = modules.write("due_in_child", "DONE = 1\n")
+    calls: list = []
+    modules.watch(body, recorder([]))
+    modules.watch(due, recorder(calls))
+    importing = threading.Thread(target=importlib.import_module, args=(body,), daemon=True)
+    importing.start()
+    try:
+        assert hooks.entered.wait(JOIN_S)  # type: ignore[attr-defined]
+        pid = os.fork()
+        if pid == 0:
+            _load_behind_its_back(modules, due)
+            seen: list = []
+
+            def import_trigger() -> None:
+                seen.append(threading.get_ident())
+                importlib.import_module(modules.write("trigger_in_child_thread", ""))
+                seen.append(len(calls))
+
+            thread = threading.Thread(target=import_trigger)
+            thread.start()
+            thread.join(JOIN_S)
+            os._exit(3 if seen[:1] != [hooks.inside] else 10 + seen[1])  # type: ignore[attr-defined]
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    finally:
+        hooks.release.set()  # type: ignore[attr-defined]
+    assert _joined(importing)
+    assert status != 3, "the child's new thread did not take the gone thread's ident: nothing shown"
+    assert status == 11, "what was due did not fire at the end of the child thread's outermost import"
