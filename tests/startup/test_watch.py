@@ -732,13 +732,14 @@ class LooksUpAnotherFirst:
     def __init__(self, name: str, other: str) -> None:
         self.name, self.other = name, other
         self.searching = False
+        self.other_spec: ModuleSpec | None = None
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
         if fullname != self.name or self.searching:
             return None
         self.searching = True
         try:
-            importlib.util.find_spec(self.other)
+            self.other_spec = importlib.util.find_spec(self.other)
             spec = importlib.util.find_spec(self.name)
         finally:
             self.searching = False
@@ -761,6 +762,19 @@ def test_a_finder_behind_ours_that_looks_up_two_names_finds_and_fires_once(modul
     with behind_ours(modules.hook, finder):
         module = importlib.import_module(first)
     assert calls == [(module, "first")]
+    # only a look-up of the same name comes back: ours answered the other one, chained
+    assert finder.other_spec is not None and type(finder.other_spec.loader) is ChainedLoader
+
+
+def test_a_finder_behind_ours_that_can_find_nothing_is_passed_over(modules: Modules) -> None:
+    """An entry on the meta path with neither `find_spec` nor `find_module` (the import system passes
+    over it): ours asks the finders after it, and the module fires at the end of its own import."""
+    name = modules.write("behind_a_blank", "DONE = 'found'\n")
+    calls: list = []
+    modules.watch(name, recorder(calls))
+    with behind_ours(modules.hook, object()):
+        module = importlib.import_module(name)
+        assert calls == [(module, "found")]
 
 
 class LegacySubmoduleFinder:
