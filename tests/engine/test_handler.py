@@ -1,0 +1,54 @@
+"""What one wrapped offload call says (engine/handler.py): the clearing's line, word for word.
+
+Each test runs in a fresh interpreter with one user target (`shim_targets:offload`, a plain
+function) on a TE-layout stand-in layer; the allocator's counters are the CPU build's (CUDA never
+initialised) unless a test stands a device in for them, as tests/hostile/test_measurement_failures.py does.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hostile.hostile_util import cached_layer, use_targets
+
+TARGET = {"TE_OFFLOAD_SHIM_TARGETS": "shim_targets:offload"}
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if "before the flush" in r.getMessage()]
+
+
+@pytest.mark.subprocess(env=TARGET)
+def test_the_clearing_line_says_what_was_held_and_what_the_allocator_released_where_it_knows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import torch
+
+    import te_offload_shim as shim
+    from te_offload_shim._log import human_bytes
+
+    use_targets()
+    import shim_targets  # type: ignore[import-not-found]
+
+    caplog.set_level(logging.DEBUG, logger="te_offload_shim")
+    assert shim_targets.offload([cached_layer()]) == "offloaded"
+    held = shim.stats()["bytes"]
+    assert held > 0
+    # CUDA not initialised: nothing measured, so nothing said of what was released
+    first = (
+        "shim_targets:offload: cleared 1 FP8 weight workspaces in 1 modules "
+        f"({human_bytes(held)} held) before the flush"
+    )
+    assert _lines(caplog) == [(logging.INFO, first)], "the first line, at INFO where INFO is logged"
+
+    allocated = iter([5 * 1024, 2 * 1024])  # before and after the clearing: 3 KiB handed back
+    torch.cuda.is_initialized = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.memory_allocated = lambda device=None: next(allocated)  # type: ignore[assignment,misc]
+    assert shim_targets.offload([cached_layer()]) == "offloaded"
+    second = (
+        f"shim_targets:offload: cleared 1 FP8 weight workspaces in 1 modules "
+        f"({human_bytes(shim.stats()['bytes'] - held)} held, 3.00 KiB released) before the flush"
+    )
+    assert _lines(caplog) == [(logging.INFO, first), (logging.DEBUG, second)]
