@@ -8,6 +8,7 @@ initialised) unless a test stands a device in for them, as tests/hostile/test_me
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from hostile.hostile_util import cached_layer, use_targets
@@ -52,3 +53,41 @@ def test_the_clearing_line_says_what_was_held_and_what_the_allocator_released_wh
         f"({human_bytes(shim.stats()['bytes'] - held)} held, 3.00 KiB released) before the flush"
     )
     assert _lines(caplog) == [(logging.INFO, first), (logging.DEBUG, second)]
+
+
+def _handler(name: str, offload: Any, where: str = "models", **rules: Any) -> Any:
+    """A handler made as the patcher makes one, for `offload` (a plain function), in this process."""
+    import inspect
+
+    from te_offload_shim.engine.handler import Handler
+    from te_offload_shim.engine.registry import Record
+    from te_offload_shim.engine.schema import Target
+
+    target = Target(name, __name__, offload.__name__, where, **rules)
+    return Handler(target, inspect.signature(offload), "function", Record("target", None, "offload", offload))
+
+
+def test_a_call_left_alone_inside_another_wrapped_call_is_not_counted() -> None:
+    """The outer call is what counts (`_left_alone`'s `nested`): an inner target's skip rule
+    leaves its call alone uncounted, and the outer call's clearing is counted once."""
+    import torch
+
+    from te_offload_shim.engine import stats
+
+    def inner_offload(models: list, weights: bool = True) -> str:
+        return "inner"
+
+    inner = _handler("inner", inner_offload, skip=lambda call: None if call["weights"] else "weights=False")
+
+    def outer_offload(models: list) -> str:
+        return inner(inner_offload, None, (models,), {"weights": False})
+
+    outer = _handler("outer", outer_offload)
+    stats.reset()
+    try:
+        assert outer(outer_offload, None, ([torch.nn.Sequential(cached_layer())],), {}) == "inner"
+        counted = stats.counts()
+    finally:
+        stats.reset()
+    assert counted["left_alone"] == {}, "the inner call, left alone inside the outer one, is not counted"
+    assert counted["by_target"]["outer"]["calls"] == 1 and counted["entries"] == 1, counted
