@@ -91,3 +91,43 @@ def test_a_call_left_alone_inside_another_wrapped_call_is_not_counted() -> None:
         stats.reset()
     assert counted["left_alone"] == {}, "the inner call, left alone inside the outer one, is not counted"
     assert counted["by_target"]["outer"]["calls"] == 1 and counted["entries"] == 1, counted
+
+
+def test_each_target_whose_spec_finds_a_built_in_to_call_is_warned_about_and_inside_another_call_not_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A spec's final call that finds a built-in (`list.clear`) is refused: each target says so once
+    (its own warning: one target's never hides another's), and a refused call inside another
+    wrapped call is not counted, as any call left alone there."""
+    import uuid
+
+    import torch
+
+    from te_offload_shim.engine import stats
+
+    def offload(models: list) -> str:
+        return "offloaded"
+
+    run = uuid.uuid4().hex[:8]  # the warnings are once per process: names of this run's own
+    first, second = (_handler(f"refused-{run}-{n}", offload, "models.clear()") for n in (1, 2))
+
+    def outer_offload(models: list) -> str:
+        return first(offload, None, (models,), {})
+
+    outer = _handler(f"outer-{run}", outer_offload)
+    layer = cached_layer()
+    stats.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="te_offload_shim"):
+            for handler in (first, second):
+                assert handler(offload, None, ([layer],), {}) == "offloaded"
+            said = [r.getMessage() for r in caplog.records if "not called" in r.getMessage()]
+            stats.reset()
+            assert outer(outer_offload, None, ([torch.nn.Sequential(layer)],), {}) == "offloaded"
+            counted = stats.counts()
+    finally:
+        stats.reset()
+    refused = f"{__name__}:offload: models spec 'models.clear()': clear is a builtin_function_or_method"
+    assert len(said) == 2 and all(m.startswith(refused) for m in said), said
+    assert f"refused-{run}-1" not in counted["left_alone"], "refused inside the outer call: not counted"
+    assert counted["by_target"][f"outer-{run}"]["calls"] == 1, counted
