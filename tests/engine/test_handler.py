@@ -131,3 +131,22 @@ def test_each_target_whose_spec_finds_a_built_in_to_call_is_warned_about_and_ins
     assert len(said) == 2 and all(m.startswith(refused) for m in said), said
     assert f"refused-{run}-1" not in counted["left_alone"], "refused inside the outer call: not counted"
     assert counted["by_target"][f"outer-{run}"]["calls"] == 1, counted
+
+
+def test_a_call_whose_models_hold_no_chunk_still_counts_as_a_call() -> None:
+    """An offload handed an empty list is a call like any other: counted for its target (its last
+    call's findings, nothing, replace the one before), though it frees nothing and says nothing."""
+    from te_offload_shim.engine import stats
+
+    def offload(models: list) -> str:
+        return "offloaded"
+
+    handler = _handler("empty", offload)
+    stats.reset()
+    try:
+        assert handler(offload, None, ([],), {}) == "offloaded"
+        counted = stats.counts()
+    finally:
+        stats.reset()
+    assert (counted["calls"], counted["cleared_calls"]) == (1, 0), counted
+    assert counted["by_target"]["empty"]["calls"] == 1, counted["by_target"]
