@@ -150,3 +150,41 @@ def test_a_call_whose_models_hold_no_chunk_still_counts_as_a_call() -> None:
         stats.reset()
     assert (counted["calls"], counted["cleared_calls"]) == (1, 0), counted
     assert counted["by_target"]["empty"]["calls"] == 1, counted["by_target"]
+
+
+def test_in_strict_mode_a_layer_the_clearing_cannot_read_raises_out_of_the_offload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Strict mode (`TE_OFFLOAD_SHIM_STRICT=1`, read at each call) reaches the clearing: a layer it
+    cannot read raises `ShimError` out of the wrapped offload, once the other layers are cleared."""
+    import torch
+
+    from harness import te_standins as te
+    from te_offload_shim.engine import stats
+    from te_offload_shim.te.caches import ShimError
+
+    class Sealed(te.TELinearStandIn):
+        sealed = False
+
+        @property
+        def __dict__(self) -> dict:  # type: ignore[override]  # deliberately: a __dict__ that raises
+            if Sealed.sealed:
+                raise RuntimeError("sealed module")
+            return torch.nn.Module.__dict__["__dict__"].__get__(self)
+
+    def offload(models: list) -> str:
+        return "offloaded"
+
+    handler = _handler("strict", offload)
+    odd, healthy = Sealed(8, 8), cached_layer()
+    te.fill_like_forward(odd)
+    Sealed.sealed = True
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_STRICT", "1")
+    stats.reset()
+    try:
+        with pytest.raises(ShimError, match="sealed module"):
+            handler(offload, None, ([torch.nn.Sequential(odd, healthy)],), {})
+    finally:
+        stats.reset()
+        Sealed.sealed = False
+    assert healthy._fp8_workspaces == {} and odd._fp8_workspaces, "the healthy layer cleared first"
