@@ -188,3 +188,32 @@ def test_in_strict_mode_a_layer_the_clearing_cannot_read_raises_out_of_the_offlo
         stats.reset()
         Sealed.sealed = False
     assert healthy._fp8_workspaces == {} and odd._fp8_workspaces, "the healthy layer cleared first"
+
+
+def test_a_clearing_limited_to_some_layers_leaves_the_rest_of_its_chunk_to_a_wrapper_inside_it() -> None:
+    """A target whose clearing is limited to some parameters (megatron-core's buffer offload: one
+    buffer's layers) covers no whole chunk: a wrapped offload inside it still clears the others."""
+    import torch
+
+    from te_offload_shim.engine import stats
+
+    first, second = cached_layer(), cached_layer()
+    chunk = torch.nn.Sequential(first, second)
+
+    def inner_offload(models: list) -> str:
+        return "inner"
+
+    inner = _handler("whole", inner_offload)
+
+    def buffer_offload(models: list) -> str:
+        return inner(inner_offload, None, (models,), {})
+
+    limited = _handler("limited", buffer_offload, resolve=lambda models: (models, list(first.parameters())))
+    stats.reset()
+    try:
+        assert limited(buffer_offload, None, ([chunk],), {}) == "inner"
+        counted = stats.counts()
+    finally:
+        stats.reset()
+    assert first._fp8_workspaces == {} and second._fp8_workspaces == {}, "the inner wrapper cleared the rest"
+    assert counted["by_target"]["whole"]["entries"] == 1, counted["by_target"]
