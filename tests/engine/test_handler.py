@@ -11,9 +11,27 @@ import logging
 from typing import Any
 
 import pytest
-from hostile.hostile_util import cached_layer, use_targets
 
 TARGET = {"TE_OFFLOAD_SHIM_TARGETS": "shim_targets:offload"}
+
+
+def use_targets() -> None:
+    """Put the hostile tests' target modules (`shim_targets`) on the path."""
+    import sys
+    from pathlib import Path
+
+    targets = str(Path(__file__).resolve().parents[1] / "hostile" / "targets")
+    if targets not in sys.path:
+        sys.path.insert(0, targets)
+
+
+def cached_layer() -> Any:
+    """A TE-layout linear (TE >= 1.8) whose `_fp8_workspaces` holds an entry, as after a forward."""
+    from harness import te_standins as te
+
+    layer = te.TELinearStandIn(8, 8)
+    te.fill_like_forward(layer)
+    return layer
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:

@@ -607,11 +607,11 @@ def test_fp8_primary_weights_transposes_cleared_by_a_table_target_are_counted_lo
     transpose, held = both[0].weight._transpose.untyped_storage().nbytes(), stats["bytes"]
     megatron_utils.offload_megatron_model_to_cpu(both)
     held = te_offload_shim.stats()["bytes"] - held
-    said = [r.getMessage() for r in caplog.records if "and dropped" in r.getMessage()]
-    assert len(said) == 1 and said[0].endswith(
+    both_said = [r.getMessage() for r in caplog.records if "and dropped" in r.getMessage()]
+    assert len(both_said) == 1 and both_said[0].endswith(
         f"offload_megatron_model_to_cpu: cleared 1 FP8 weight workspaces in 1 modules ({human_bytes(held)} held) and "
         f"dropped the transposes of FP8 primary weights ({transpose / 1024:.2f} KiB) before the flush"
-    ), said
+    ), both_said
 
 
 @pytest.mark.subprocess(env=NO_TABLE)
