@@ -581,6 +581,20 @@ def test_fp8_primary_weights_transposes_cleared_by_a_table_target_are_counted_lo
     assert (on_disk["cleared_calls"], on_disk["primary_weight_cleared"]) == (1, transpose), on_disk
     del os.environ["TE_OFFLOAD_SHIM_STATS"]
 
+    # a call that clears both, a workspace entry and a transpose, says both in its one line
+    from te_offload_shim._log import human_bytes
+
+    caplog.set_level(logging.DEBUG, logger="te_offload_shim")
+    both = [net_case.fp8_primary_linear(te), net_case.cached_linear(te, 1)]
+    transpose, held = both[0].weight._transpose.untyped_storage().nbytes(), stats["bytes"]
+    megatron_utils.offload_megatron_model_to_cpu(both)
+    held = te_offload_shim.stats()["bytes"] - held
+    both_said = [r.getMessage() for r in caplog.records if "and dropped" in r.getMessage()]
+    assert len(both_said) == 1 and both_said[0].endswith(
+        f"offload_megatron_model_to_cpu: cleared 1 FP8 weight workspaces in 1 modules ({human_bytes(held)} held) and "
+        f"dropped the transposes of FP8 primary weights ({transpose / 1024:.2f} KiB) before the flush"
+    ), both_said
+
 
 @pytest.mark.subprocess(env=NO_TABLE)
 def test_the_checks_one_look_covers_tes_quantized_parameters() -> None:

@@ -70,3 +70,30 @@ def test_a_value_it_does_not_understand_warns_and_stays_off(caplog: pytest.LogCa
     _offload()
     assert len(base._dummy_wgrads) == 2
     assert "TE_OFFLOAD_SHIM_TE_GLOBALS='maybe' is not 1/0" in caplog.text and "it stays off" in caplog.text
+
+
+@pytest.mark.subprocess(timeout=240, env={"TE_OFFLOAD_SHIM_TE_GLOBALS": "1"})
+def test_each_giving_back_is_said_the_first_at_info_and_none_to_give_back_is_no_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    import te_offload_shim as shim
+
+    caplog.set_level(logging.DEBUG, logger="te_offload_shim")
+    _offload()  # TE's module is not there: nothing to give back, nothing said, no failure
+    base = _te_base()
+    base._dummy_wgrads.clear()
+    _offload()  # TE holds none
+    base = _te_base()
+    _offload()
+    base._dummy_wgrads[(8, 8, None)] = __import__("torch").empty(8, 8)
+    _offload()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "gave back" in r.getMessage()]
+    assert said == [
+        (logging.INFO, "[rank 0] gave back TE's _dummy_wgrads: 2 tensors, 48.00 KiB"),
+        (logging.DEBUG, "[rank 0] gave back TE's _dummy_wgrads: 1 tensors, 256 B"),
+    ]
+    got = shim.stats()
+    assert got["errors"] == 0 and got["te_globals"]["calls"] == 2, got
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

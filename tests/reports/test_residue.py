@@ -233,6 +233,43 @@ def test_the_audit_of_a_call_the_shim_left_alone_finds_the_calls_chunks(monkeypa
         stats.reset()
 
 
+def test_the_audit_of_a_method_left_alone_binds_its_instance_and_of_a_call_that_does_not_bind_finds_none(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler's reading of a call left alone, for the audit: a method's call is bound with its
+    instance (the chunks are found), and a call that does not bind finds no chunks, quietly (the
+    original raises its own error)."""
+    import inspect
+
+    import torch
+
+    from te_offload_shim.engine import stats
+    from te_offload_shim.engine.handler import Handler
+    from te_offload_shim.engine.registry import Record
+    from te_offload_shim.integrations.targets import Target
+
+    class Engine:
+        def offload(self, models: object) -> str:
+            return "offloaded"
+
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_AUDIT", "cpu")
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_DISABLE", "left-alone")
+    target = Target("left-alone", "m", "Engine.offload", "models")
+    record = Record("target", Engine, "offload", Engine.offload)
+    handler = Handler(target, inspect.signature(Engine.offload), "method", record)
+    engine = Engine()
+    stats.reset()
+    try:
+        assert handler(engine.offload, engine, ([torch.nn.Linear(4, 4)],), {}) == "offloaded"
+        latest = stats.counts()["audit"]
+        assert latest is not None and latest["by_category"]["parameters"] == (16 + 4) * F32, latest
+        with caplog.at_level(logging.WARNING, logger="te_offload_shim"), pytest.raises(TypeError):
+            handler(engine.offload, engine, (), {"weights": True})  # the original's own TypeError
+        assert "residue audit" not in caplog.text, "a call that does not bind has no chunks: nothing failed"
+    finally:
+        stats.reset()
+
+
 def test_audit_hands_the_applications_signal_handler_exception_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """The audit never raises its own failure into the offload, but a timeout the application's
     signal handler raises while the audit runs is the application's (guarantee 34): it goes on, the

@@ -109,11 +109,10 @@ def test_caching_off_by_configuration_is_said_not_reported_as_cleared(caplog: py
     assert stats["caching_off"] == {MEGATRON_OFF: 1, FSDP2_OFF: 1}
     said = [r for r in caplog.records if "nothing to clear" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno >= logging.INFO, said
-    assert (
-        said[0]
-        .getMessage()
-        .endswith(f"FP8 weight caching is off by configuration in 2 TE layers ({MEGATRON_OFF}, {FSDP2_OFF})")
-    )
+    assert said[0].getMessage() == (
+        f"[rank 0] {__name__}:offload_models: nothing to clear: FP8 weight caching is off by configuration in "
+        f"2 TE layers ({MEGATRON_OFF}, {FSDP2_OFF})"
+    ), "the target, and why"
     row = next(r for r in te_offload_shim.status()["targets"] if r["name"] == f"{__name__}:offload_models")
     assert row["state"] == "patched"
     assert row["detail"] == (

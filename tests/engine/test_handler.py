@@ -1,0 +1,237 @@
+"""What one wrapped offload call says (engine/handler.py): the clearing's line, word for word.
+
+Each test runs in a fresh interpreter with one user target (`shim_targets:offload`, a plain
+function) on a TE-layout stand-in layer; the allocator's counters are the CPU build's (CUDA never
+initialised) unless a test stands a device in for them, as tests/hostile/test_measurement_failures.py does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+TARGET = {"TE_OFFLOAD_SHIM_TARGETS": "shim_targets:offload"}
+
+
+def use_targets() -> None:
+    """Put the hostile tests' target modules (`shim_targets`) on the path."""
+    import sys
+    from pathlib import Path
+
+    targets = str(Path(__file__).resolve().parents[1] / "hostile" / "targets")
+    if targets not in sys.path:
+        sys.path.insert(0, targets)
+
+
+def cached_layer() -> Any:
+    """A TE-layout linear (TE >= 1.8) whose `_fp8_workspaces` holds an entry, as after a forward."""
+    from harness import te_standins as te
+
+    layer = te.TELinearStandIn(8, 8)
+    te.fill_like_forward(layer)
+    return layer
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if "before the flush" in r.getMessage()]
+
+
+@pytest.mark.subprocess(env=TARGET)
+def test_the_clearing_line_says_what_was_held_and_what_the_allocator_released_where_it_knows(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import torch
+
+    import te_offload_shim as shim
+    from te_offload_shim._log import human_bytes
+
+    use_targets()
+    import shim_targets  # type: ignore[import-not-found]
+
+    caplog.set_level(logging.DEBUG, logger="te_offload_shim")
+    assert shim_targets.offload([cached_layer()]) == "offloaded"
+    held = shim.stats()["bytes"]
+    assert held > 0
+    # CUDA not initialised: nothing measured, so nothing said of what was released
+    first = (
+        "shim_targets:offload: cleared 1 FP8 weight workspaces in 1 modules "
+        f"({human_bytes(held)} held) before the flush"
+    )
+    assert _lines(caplog) == [(logging.INFO, first)], "the first line, at INFO where INFO is logged"
+
+    allocated = iter([5 * 1024, 2 * 1024])  # before and after the clearing: 3 KiB handed back
+    torch.cuda.is_initialized = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.memory_allocated = lambda device=None: next(allocated)  # type: ignore[assignment,misc]
+    assert shim_targets.offload([cached_layer()]) == "offloaded"
+    second = (
+        f"shim_targets:offload: cleared 1 FP8 weight workspaces in 1 modules "
+        f"({human_bytes(shim.stats()['bytes'] - held)} held, 3.00 KiB released) before the flush"
+    )
+    assert _lines(caplog) == [(logging.INFO, first), (logging.DEBUG, second)]
+
+
+def _handler(name: str, offload: Any, where: str = "models", **rules: Any) -> Any:
+    """A handler made as the patcher makes one, for `offload` (a plain function), in this process."""
+    import inspect
+
+    from te_offload_shim.engine.handler import Handler
+    from te_offload_shim.engine.registry import Record
+    from te_offload_shim.engine.schema import Target
+
+    target = Target(name, __name__, offload.__name__, where, **rules)
+    return Handler(target, inspect.signature(offload), "function", Record("target", None, "offload", offload))
+
+
+def test_a_call_left_alone_inside_another_wrapped_call_is_not_counted() -> None:
+    """The outer call is what counts (`_left_alone`'s `nested`): an inner target's skip rule
+    leaves its call alone uncounted, and the outer call's clearing is counted once."""
+    import torch
+
+    from te_offload_shim.engine import stats
+
+    def inner_offload(models: list, weights: bool = True) -> str:
+        return "inner"
+
+    inner = _handler("inner", inner_offload, skip=lambda call: None if call["weights"] else "weights=False")
+
+    def outer_offload(models: list) -> str:
+        return inner(inner_offload, None, (models,), {"weights": False})
+
+    outer = _handler("outer", outer_offload)
+    stats.reset()
+    try:
+        assert outer(outer_offload, None, ([torch.nn.Sequential(cached_layer())],), {}) == "inner"
+        counted = stats.counts()
+    finally:
+        stats.reset()
+    assert counted["left_alone"] == {}, "the inner call, left alone inside the outer one, is not counted"
+    assert counted["by_target"]["outer"]["calls"] == 1 and counted["entries"] == 1, counted
+
+
+def test_each_target_whose_spec_finds_a_built_in_to_call_is_warned_about_and_inside_another_call_not_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A spec's final call that finds a built-in (`list.clear`) is refused: each target says so once
+    (its own warning: one target's never hides another's), and a refused call inside another
+    wrapped call is not counted, as any call left alone there."""
+    import uuid
+
+    import torch
+
+    from te_offload_shim.engine import stats
+
+    def offload(models: list) -> str:
+        return "offloaded"
+
+    run = uuid.uuid4().hex[:8]  # the warnings are once per process: names of this run's own
+    first, second = (_handler(f"refused-{run}-{n}", offload, "models.clear()") for n in (1, 2))
+
+    def outer_offload(models: list) -> str:
+        return first(offload, None, (models,), {})
+
+    outer = _handler(f"outer-{run}", outer_offload)
+    layer = cached_layer()
+    stats.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="te_offload_shim"):
+            for handler in (first, second):
+                assert handler(offload, None, ([layer],), {}) == "offloaded"
+            said = [r.getMessage() for r in caplog.records if "not called" in r.getMessage()]
+            stats.reset()
+            assert outer(outer_offload, None, ([torch.nn.Sequential(layer)],), {}) == "offloaded"
+            counted = stats.counts()
+    finally:
+        stats.reset()
+    refused = f"{__name__}:offload: models spec 'models.clear()': clear is a builtin_function_or_method"
+    assert len(said) == 2 and all(m.startswith(refused) for m in said), said
+    assert f"refused-{run}-1" not in counted["left_alone"], "refused inside the outer call: not counted"
+    assert counted["by_target"][f"outer-{run}"]["calls"] == 1, counted
+
+
+def test_a_call_whose_models_hold_no_chunk_still_counts_as_a_call() -> None:
+    """An offload handed an empty list is a call like any other: counted for its target (its last
+    call's findings, nothing, replace the one before), though it frees nothing and says nothing."""
+    from te_offload_shim.engine import stats
+
+    def offload(models: list) -> str:
+        return "offloaded"
+
+    handler = _handler("empty", offload)
+    stats.reset()
+    try:
+        assert handler(offload, None, ([],), {}) == "offloaded"
+        counted = stats.counts()
+    finally:
+        stats.reset()
+    assert (counted["calls"], counted["cleared_calls"]) == (1, 0), counted
+    assert counted["by_target"]["empty"]["calls"] == 1, counted["by_target"]
+
+
+def test_in_strict_mode_a_layer_the_clearing_cannot_read_raises_out_of_the_offload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Strict mode (`TE_OFFLOAD_SHIM_STRICT=1`, read at each call) reaches the clearing: a layer it
+    cannot read raises `ShimError` out of the wrapped offload, once the other layers are cleared."""
+    import torch
+
+    from harness import te_standins as te
+    from te_offload_shim.engine import stats
+    from te_offload_shim.te.caches import ShimError
+
+    class Sealed(te.TELinearStandIn):
+        sealed = False
+
+        @property
+        def __dict__(self) -> dict:  # type: ignore[override]  # deliberately: a __dict__ that raises
+            if Sealed.sealed:
+                raise RuntimeError("sealed module")
+            return torch.nn.Module.__dict__["__dict__"].__get__(self)
+
+    def offload(models: list) -> str:
+        return "offloaded"
+
+    handler = _handler("strict", offload)
+    odd, healthy = Sealed(8, 8), cached_layer()
+    te.fill_like_forward(odd)
+    Sealed.sealed = True
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_STRICT", "1")
+    stats.reset()
+    try:
+        with pytest.raises(ShimError, match="sealed module"):
+            handler(offload, None, ([torch.nn.Sequential(odd, healthy)],), {})
+    finally:
+        stats.reset()
+        Sealed.sealed = False
+    assert healthy._fp8_workspaces == {} and odd._fp8_workspaces, "the healthy layer cleared first"
+
+
+def test_a_clearing_limited_to_some_layers_leaves_the_rest_of_its_chunk_to_a_wrapper_inside_it() -> None:
+    """A target whose clearing is limited to some parameters (megatron-core's buffer offload: one
+    buffer's layers) covers no whole chunk: a wrapped offload inside it still clears the others."""
+    import torch
+
+    from te_offload_shim.engine import stats
+
+    first, second = cached_layer(), cached_layer()
+    chunk = torch.nn.Sequential(first, second)
+
+    def inner_offload(models: list) -> str:
+        return "inner"
+
+    inner = _handler("whole", inner_offload)
+
+    def buffer_offload(models: list) -> str:
+        return inner(inner_offload, None, (models,), {})
+
+    limited = _handler("limited", buffer_offload, resolve=lambda models: (models, list(first.parameters())))
+    stats.reset()
+    try:
+        assert limited(buffer_offload, None, ([chunk],), {}) == "inner"
+        counted = stats.counts()
+    finally:
+        stats.reset()
+    assert first._fp8_workspaces == {} and second._fp8_workspaces == {}, "the inner wrapper cleared the rest"
+    assert counted["by_target"]["whole"]["entries"] == 1, counted["by_target"]
