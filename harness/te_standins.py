@@ -141,6 +141,19 @@ class TELinearStandIn(torch.nn.Module):
         self._fp8_workspaces: dict[str, Any] = {}
 
 
+class SealedLinearStandIn(TELinearStandIn):
+    """A TE-like layer whose `__dict__` raises while the class is sealed (a proxy, a C++-backed
+    module...). `sealed` is the class's: a test sets it and puts it back in a `finally`."""
+
+    sealed = False
+
+    @property
+    def __dict__(self) -> dict:  # type: ignore[override]  # deliberately: a __dict__ that raises
+        if SealedLinearStandIn.sealed:
+            raise RuntimeError("sealed module")
+        return torch.nn.Module.__dict__["__dict__"].__get__(self)
+
+
 class GroupedLinearStandIn(torch.nn.Module):
     """TE 1.9+ `GroupedLinear` (module/grouped_linear.py): one weight per expert, keys weight0..N-1."""
 

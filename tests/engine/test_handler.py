@@ -181,14 +181,7 @@ def test_in_strict_mode_a_layer_the_clearing_cannot_read_raises_out_of_the_offlo
     from te_offload_shim.engine import stats
     from te_offload_shim.te.caches import ShimError
 
-    class Sealed(te.TELinearStandIn):
-        sealed = False
-
-        @property
-        def __dict__(self) -> dict:  # type: ignore[override]  # deliberately: a __dict__ that raises
-            if Sealed.sealed:
-                raise RuntimeError("sealed module")
-            return torch.nn.Module.__dict__["__dict__"].__get__(self)
+    Sealed = te.SealedLinearStandIn
 
     def offload(models: list) -> str:
         return "offloaded"

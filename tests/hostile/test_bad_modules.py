@@ -11,7 +11,6 @@ import pytest
 
 @pytest.mark.subprocess(verl="0.8.0")
 def test_a_module_whose_dict_raises_costs_only_itself(caplog: pytest.LogCaptureFixture) -> None:
-    import torch
     import verl.utils.megatron_utils as mu
 
     import te_offload_shim as shim
@@ -19,16 +18,7 @@ def test_a_module_whose_dict_raises_costs_only_itself(caplog: pytest.LogCaptureF
     from harness import te_standins as te
     from te_offload_shim.te.caches import ShimError
 
-    class Sealed(te.TELinearStandIn):
-        """A TE-like layer whose `__dict__` raises once sealed (a proxy, a C++-backed module...)."""
-
-        sealed = False
-
-        @property
-        def __dict__(self) -> dict:  # type: ignore[override]  # deliberately: a __dict__ that raises
-            if Sealed.sealed:
-                raise RuntimeError("sealed module")
-            return torch.nn.Module.__dict__["__dict__"].__get__(self)
+    Sealed = te.SealedLinearStandIn
 
     model = w.wrap_ddp(w.build_gpt(layers=2, hidden=16, vocab=32))
     odd, inner = Sealed(8, 8), te.TELinearStandIn(8, 8)

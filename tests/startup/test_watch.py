@@ -1096,6 +1096,13 @@ def _fork_and_reap() -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
+def _timed_fork_and_reap() -> tuple[int, float]:
+    """`_fork_and_reap`, and how long the fork took to come back in the parent (its hooks' wait)."""
+    start = time.monotonic()
+    status = _fork_and_reap()
+    return status, time.monotonic() - start
+
+
 @pytest.mark.subprocess()
 def test_after_a_fork_the_parents_other_threads_still_run_callbacks(modules: Modules) -> None:
     """The fork holds the hook's lock across itself (a child must not copy it half done) and hands
@@ -1131,12 +1138,10 @@ def test_a_fork_waits_for_a_callback_in_flight_only_as_long_as_fork_wait_s(
     thread.start()
     try:
         assert entered.wait(JOIN_S)
-        start = time.monotonic()
-        assert _fork_and_reap() == 0
-        waited = time.monotonic() - start
+        status, waited = _timed_fork_and_reap()
     finally:
         release.set()
-    assert _joined(thread)
+    assert _joined(thread) and status == 0
     assert 0.05 < waited < 0.7, f"the fork waited {waited:.2f} s for a callback stuck for good"
 
 
@@ -1172,12 +1177,10 @@ def test_a_fork_while_the_lock_is_held_and_a_callback_runs_raises_nothing(
     uninstalling.start()
     try:
         assert in_restore.wait(JOIN_S)
-        start = time.monotonic()
-        assert _fork_and_reap() == 0
-        waited = time.monotonic() - start
+        status, waited = _timed_fork_and_reap()
     finally:
         release.set()
-    assert _joined(firing) and _joined(uninstalling)
+    assert _joined(firing) and _joined(uninstalling) and status == 0
     assert raised == []
     assert 0.25 < waited < 0.8, f"the fork waited {waited:.2f} s for a lock held for good (FORK_WAIT_S 0.3)"
 
