@@ -1219,14 +1219,23 @@ def test_a_child_forked_while_another_thread_runs_a_callback_fires_that_module_i
     assert status == 12, "the module whose callback the parent's other thread ran was not fired in the child"
 
 
-@pytest.mark.subprocess()
-def test_a_callback_that_forks_and_returns_in_the_child_is_recorded_there_and_runs_once(modules: Modules) -> None:
-    """A callback that forks, and goes on in the child too (a fork-server start): in the child its
-    end records the module as fired, though the fork cleared the claims, so nothing runs it again."""
-    name = modules.write("forks_and_returns", "DONE = 1\n")
+@pytest.mark.parametrize(
+    "returns_in_child",
+    [pytest.param(r, marks=pytest.mark.subprocess(), id=("stays", "returns")[r]) for r in (False, True)],
+)
+def test_a_callback_that_forks_runs_once_in_the_child(modules: Modules, returns_in_child: bool) -> None:
+    """A callback that forks (here of a module loaded without our finder, fired at the end of another
+    import). Its child either stays in it, where the callback still runs on this thread, or returns
+    from it (a fork-server start), where its end records the module as fired though the fork
+    cleared the claims. Either way an import in the child runs nothing of it again."""
+    name = modules.write("forks_in_callback", "DONE = 1\n")
     parent = os.getpid()
     calls: list[int] = []
     status: list[int] = []
+
+    def in_child_then_exit() -> None:
+        importlib.import_module(modules.write("trigger_in_child", ""))
+        os._exit(10 + len(calls))  # 11: once, in the parent before the fork
 
     def callback(module: ModuleType) -> None:
         calls.append(os.getpid())
@@ -1235,39 +1244,15 @@ def test_a_callback_that_forks_and_returns_in_the_child_is_recorded_there_and_ru
         pid = os.fork()
         if pid:
             status.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-
-    modules.watch(name, callback)
-    _load_behind_its_back(modules, name)
-    importlib.import_module(modules.write("trigger_forks_and_returns", ""))
-    if os.getpid() != parent:  # the child, its callback returned
-        importlib.import_module(modules.write("trigger_in_child_after", ""))
-        os._exit(10 + len(calls))  # 11: once, in the parent before the fork
-    assert status == [11] and calls == [parent]
-
-
-@pytest.mark.subprocess()
-def test_a_child_forked_by_a_callback_does_not_run_that_callback_again(modules: Modules) -> None:
-    """A callback that forks (here of a module loaded without our finder, fired at the end of another
-    import): in the child the callback is still running on this thread; an import there fires
-    nothing of it again."""
-    name = modules.write("forks_in_callback", "DONE = 1\n")
-    calls: list[int] = []
-    status: list[int] = []
-
-    def callback(module: ModuleType) -> None:
-        calls.append(os.getpid())
-        if len(calls) > 1:
-            return
-        pid = os.fork()
-        if pid == 0:
-            importlib.import_module(modules.write("trigger_in_child", ""))
-            os._exit(10 + len(calls))  # 11: once
-        status.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        elif not returns_in_child:
+            in_child_then_exit()
 
     modules.watch(name, callback)
     _load_behind_its_back(modules, name)
     importlib.import_module(modules.write("trigger_in_parent", ""))
-    assert status == [11] and len(calls) == 1
+    if os.getpid() != parent:  # the child, its callback returned
+        in_child_then_exit()
+    assert status == [11] and calls == [parent]
 
 
 class ForksWhenAsked:
