@@ -278,7 +278,8 @@ def test_uninstall_puts_back_exactly_the_flush_functions_their_aliases_and_tes_c
     assert torch.cuda.empty_cache is twin_flush
     assert vars(torch.cuda.memory)["empty_cache"] is torch_flush and flush_alias.empty_cache is torch_flush
     assert vars(base)["__init__"] is hooked_init.__wrapped__
-    assert te_offload_shim.status()["net"]["state"] == "not armed"
+    net = te_offload_shim.status()["net"]
+    assert (net["state"], net["detail"]) == ("not armed", "uninstalled"), net
     layer = net_case.cached_linear(te)
     net_case.offload_like_megatron(layer)
     torch.cuda.empty_cache()
