@@ -669,3 +669,30 @@ def test_a_layer_dying_after_the_registrys_globals_are_torn_down_says_nothing(mo
     assert unraisable == [], "the callback raised"
     monkeypatch.undo()
     assert all(ref() is not None for ref in kept.values()), "the dead layer's reference left the registry"
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_a_flush_called_from_c_with_no_python_caller_names_its_caller_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    """A flush with no Python frame above the net's own (called from C: here the function itself
+    started as a thread by `_thread.start_new_thread`) clears as any other and says its caller is
+    `<unknown>`, in the log line and in the status row."""
+    import _thread
+    import time
+
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+
+    te = net_case.load()
+    caplog.set_level(logging.INFO, logger="te_offload_shim")
+    layer = net_case.cached_linear(te)
+    net_case.offload_like_megatron(layer)
+    _thread.start_new_thread(torch.cuda.empty_cache, ())
+    deadline = time.monotonic() + 10
+    while te_offload_shim.stats()["net"]["cleared_flushes"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert net_case.entries(layer) == 0
+    assert te_offload_shim.status()["net"]["callers"] == ["<unknown>"]
+    said = _net_records(caplog)
+    assert len(said) == 1 and said[0].getMessage().endswith("called from <unknown>"), [r.getMessage() for r in said]
