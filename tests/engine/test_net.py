@@ -696,3 +696,28 @@ def test_a_flush_called_from_c_with_no_python_caller_names_its_caller_unknown(ca
     assert te_offload_shim.status()["net"]["callers"] == ["<unknown>"]
     said = _net_records(caplog)
     assert len(said) == 1 and said[0].getMessage().endswith("called from <unknown>"), [r.getMessage() for r in said]
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_a_net_clearing_of_caches_and_primary_weights_transposes_says_both(caplog: pytest.LogCaptureFixture) -> None:
+    """One flush frees a layer's workspace entry and another layer's FP8 primary weight transpose:
+    its one line says both, the caches and the transposes."""
+    from support import net_case
+
+    import te_offload_shim  # noqa: F401  (installs: the net arms when TE is imported)
+
+    te = net_case.load()
+    caplog.set_level(logging.INFO, logger="te_offload_shim")
+    cached, primary = net_case.cached_linear(te), net_case.fp8_primary_linear(te)
+    net_case.offload_like_megatron(cached)
+    primary.weight._data.untyped_storage().resize_(0)  # megatron-core's buffer offload of an FP8 weight
+    primary.bias.data.untyped_storage().resize_(0)
+    transpose = primary.weight._transpose.untyped_storage().nbytes()
+    _flush_from_an_unknown_offload()
+    assert net_case.entries(cached) == 0 and primary.weight._transpose is None
+    said = _net_records(caplog)
+    assert len(said) == 1, [r.getMessage() for r in said]
+    message = said[0].getMessage()
+    assert "left 1 FP8 weight caches (" in message, message
+    assert " in 1 layers and the transposes of FP8 primary weights " in message, message
+    assert f"({transpose / 1024:.2f} KiB); cleared at torch.cuda.empty_cache" in message, message
