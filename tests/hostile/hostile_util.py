@@ -1,11 +1,15 @@
-"""Shared pieces of the hostile tests: where the target modules live, and FP8-cached layers."""
+"""Shared pieces of the hostile tests: where the target modules live, FP8-cached layers, and a lock
+held by another thread."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -68,3 +72,23 @@ def load_lazily(name: str) -> ModuleType:
     sys.modules[name] = module
     loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def held_by_another_thread(lock: contextlib.AbstractContextManager[Any], timeout: float = 30) -> Iterator[None]:
+    """`lock` held by a thread of its own for the `with` block (a fork in it copies the lock held)."""
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            taken.set()
+            release.wait(2 * timeout)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(timeout), "the other thread never took the lock"
+        yield
+    finally:
+        release.set()
+        holder.join(timeout)

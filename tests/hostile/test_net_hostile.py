@@ -159,6 +159,7 @@ def test_a_child_forked_while_another_thread_flushes_can_flush_and_clear() -> No
     import threading
 
     import torch
+    from hostile_util import held_by_another_thread
     from support import net_case
 
     import te_offload_shim  # noqa: F401
@@ -185,22 +186,9 @@ def test_a_child_forked_while_another_thread_flushes_can_flush_and_clear() -> No
     # the worst moment, made certain: a thread holds the lock the net counts under at the fork
     from te_offload_shim.engine import stats
 
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with stats._lock:
-            held.set()
-            release.wait(60)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert held.wait(30)
+    with held_by_another_thread(stats._lock):
         status = _forked_child_offloads_and_clears(net_case.cached_linear(te, 11), 30)
         assert status == 0, "the child flushed and cleared with the lock held at the fork"
-    finally:
-        release.set()
-        holder.join(30)
 
 
 SHUTDOWN = """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from hostile_util import cached_layer, write_module
+from hostile_util import cached_layer, held_by_another_thread, write_module
 
 
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "deeply_reloaded:offload"})
@@ -119,7 +119,6 @@ def test_a_reload_of_the_log_module_keeps_its_handler_and_the_locks_it_made(capf
     import importlib
     import logging
     import os
-    import threading
 
     from te_offload_shim import _locks, _log
     from te_offload_shim.engine import registry
@@ -135,24 +134,11 @@ def test_a_reload_of_the_log_module_keeps_its_handler_and_the_locks_it_made(capf
     importlib.reload(_locks)
     with registry.lock:
         assert _locks.held_here(), "the registry's lock, made before the reload, is seen held"
-    taken, done = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with registry.lock:
-            taken.set()
-            done.wait(30)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    taken.wait(30)
-    try:
+    with held_by_another_thread(registry.lock):
         child = os.fork()
         if child == 0:  # the child: no thread holds the lock there
             os._exit(0 if registry.lock.acquire(timeout=5) else 1)
         assert os.waitpid(child, 0)[1] == 0, "the lock another thread held was re-initialised in the child"
-    finally:
-        done.set()
-        holder.join()
 
 
 def test_the_holders_a_reload_keeps_are_those_listed() -> None:
