@@ -228,3 +228,125 @@ def test_a_clearing_limited_to_some_layers_leaves_the_rest_of_its_chunk_to_a_wra
         stats.reset()
     assert first._fp8_workspaces == {} and second._fp8_workspaces == {}, "the inner wrapper cleared the rest"
     assert counted["by_target"]["whole"]["entries"] == 1, counted["by_target"]
+
+
+def test_a_call_the_handler_steps_aside_from_reaches_the_original_whole() -> None:
+    """Disarmed (after uninstall(), a wrapper put over ours keeps it) or at interpreter shutdown,
+    the handler calls the original with every argument, keywords included, and clears nothing."""
+    layer = cached_layer()
+
+    def offload(models: list, *, tag: str = "default") -> str:
+        return tag
+
+    handler = _handler("aside", offload)
+    assert handler(offload, None, ([layer],), {"tag": "at shutdown"}, _finalizing=lambda: True) == "at shutdown"
+    handler.record.armed = False
+    assert handler(offload, None, ([layer],), {"tag": "disarmed"}) == "disarmed"
+    assert layer._fp8_workspaces, "nothing cleared"
+
+
+def test_an_offload_reached_from_the_shims_own_clearing_runs_the_original_alone() -> None:
+    """Code the clearing runs (here the spec's getter; a `__del__` the collector runs there is the
+    same) that calls a patched offload finds the shim busy on its thread, holding no lock of the
+    package: that offload runs the original alone, neither clearing nor counted."""
+    import torch
+
+    from te_offload_shim.engine import stats
+
+    inner_ran = []
+
+    def inner_offload(models: list, tag: str = "") -> str:
+        inner_ran.append(models)
+        return tag
+
+    inner = _handler("reached", inner_offload)
+    first, second = cached_layer(), cached_layer()
+
+    class Holder:
+        def get_models(self) -> list:
+            assert inner(inner_offload, None, ([second],), {"tag": "inner"}) == "inner"
+            return [torch.nn.Sequential(first)]
+
+    def offload(holder: Holder) -> str:
+        return "outer"
+
+    outer = _handler("outer-busy", offload, "holder.get_models()")
+    stats.reset()
+    try:
+        assert outer(offload, None, (Holder(),), {}) == "outer"
+        counted = stats.counts()
+    finally:
+        stats.reset()
+    assert inner_ran == [[second]] and second._fp8_workspaces, "the inner original ran alone, nothing cleared"
+    assert first._fp8_workspaces == {} and "reached" not in counted["by_target"], counted["by_target"]
+
+
+def test_under_the_audit_the_specs_getter_is_called_once_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit (`TE_OFFLOAD_SHIM_AUDIT`) is handed the chunks the clearing found: the spec's getter,
+    the application's code, runs once per offload, not again for the audit."""
+    import torch
+
+    from te_offload_shim.engine import stats
+
+    calls = []
+    layer = cached_layer()
+
+    class Holder:
+        def get_models(self) -> list:
+            calls.append(1)
+            return [torch.nn.Sequential(layer)]
+
+    def offload(holder: Holder) -> str:
+        return "offloaded"
+
+    handler = _handler("getter-audited", offload, "holder.get_models()")
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_AUDIT", "cpu")
+    stats.reset()
+    try:
+        assert handler(offload, None, (Holder(),), {}) == "offloaded"
+        audited = stats.counts()["audit"]
+    finally:
+        stats.reset()
+    assert audited is not None and audited["audits"] == 1, audited
+    assert len(calls) == 1 and layer._fp8_workspaces == {}
+
+
+def test_an_offload_reached_from_the_audits_report_runs_the_original_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's report, after the original returned, runs code of the application's (here a
+    logging handler; a `__del__` the collector runs there is the same): a patched offload it calls
+    runs the original alone, neither clearing nor counted."""
+    import torch
+
+    from te_offload_shim.engine import stats
+
+    second = cached_layer()
+
+    def inner_offload(models: list) -> str:
+        return "inner"
+
+    inner = _handler("reached-from-audit", inner_offload)
+
+    class Offloading(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "audit after" in record.getMessage():
+                assert inner(inner_offload, None, ([second],), {}) == "inner"
+
+    def offload(models: list) -> str:
+        return "outer"
+
+    outer = _handler("audited", offload)
+    logger = logging.getLogger("te_offload_shim")
+    handler, level = Offloading(logging.DEBUG), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    monkeypatch.setenv("TE_OFFLOAD_SHIM_AUDIT", "cpu")
+    stats.reset()
+    try:
+        assert outer(offload, None, ([torch.nn.Sequential(cached_layer())],), {}) == "outer"
+        counted = stats.counts()
+    finally:
+        stats.reset()
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert counted["audit"] is not None and counted["audit"]["audits"] == 1, counted["audit"]
+    assert second._fp8_workspaces and "reached-from-audit" not in counted["by_target"], counted["by_target"]
