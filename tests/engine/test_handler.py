@@ -350,3 +350,56 @@ def test_an_offload_reached_from_the_audits_report_runs_the_original_alone(monke
         logger.setLevel(level)
     assert counted["audit"] is not None and counted["audit"]["audits"] == 1, counted["audit"]
     assert second._fp8_workspaces and "reached-from-audit" not in counted["by_target"], counted["by_target"]
+
+
+def test_what_the_handler_says_of_a_spec_or_a_clearing_that_fails_is_said_whole_once_per_kind(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Word for word: a user's spec that finds nothing, a spec's call refused (a built-in), and a
+    clearing that fails, each said once per target and kind (a second kind of failure is said too),
+    and each failure counted for its target with the last one's `Type: message`."""
+    import uuid
+
+    from te_offload_shim.engine import stats
+
+    run = uuid.uuid4().hex[:8]  # the warnings are once per process: names of this run's own
+    errors = iter([RuntimeError("boom"), ValueError("bad value"), RuntimeError("boom again")])
+
+    class Holder:
+        chunks: list = []
+
+        def get_models(self) -> list:
+            raise next(errors)
+
+    def offload(holder: Holder) -> str:
+        return "offloaded"
+
+    missing, refused, failing = (
+        _handler(f"missing-{run}", offload, "holder.model"),
+        _handler(f"refused-{run}", offload, "holder.chunks.copy()"),
+        _handler(f"failing-{run}", offload, "holder.get_models()"),
+    )
+    missing.target.user = True  # a spec of the user's own is the one that must not stay silent
+    stats.reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="te_offload_shim"):
+            for handler in (missing, missing, refused, refused, failing, failing, failing):
+                assert handler(offload, None, (Holder(),), {}) == "offloaded"
+        left_alone = stats.counts()["left_alone"]
+        failed = stats.snapshot().targets[f"failing-{run}"]  # what the target's status row says
+    finally:
+        stats.reset()
+    path = f"{__name__}:offload"
+    not_called = (
+        "models spec 'holder.chunks.copy()': copy is a builtin_function_or_method, not a method written in "
+        "Python (a built-in such as list.clear): not called, nothing cleared"
+    )
+    assert [r.getMessage() for r in caplog.records] == [  # the logger's name stands for the "te_offload_shim: "
+        f"{path}: models spec 'holder.model' finds nothing (Holder has no attribute 'model'); "
+        "nothing is cleared at this call",
+        f"{path}: {not_called}",
+        f"{path}: clearing FP8 caches failed (RuntimeError: boom); the offload goes on without it",
+        f"{path}: clearing FP8 caches failed (ValueError: bad value); the offload goes on without it",
+    ]
+    assert left_alone == {f"refused-{run}": {not_called: 2}}, left_alone
+    assert (failed.failed, failed.failed_why) == (3, "RuntimeError: boom again"), failed
