@@ -151,7 +151,9 @@ class Handler:
         return self._chunks(call)[0] if call is not None else None
 
     def _bind(self, instance: Any, args: tuple, kwargs: dict) -> Mapping[str, Any] | None:
-        if self.takes_self and instance is not None:
+        # wrapt hands over the instance of every bound call: a method's, and a patched function's
+        # that a class holds as an attribute (the function then gets it first, as `self`)
+        if instance is not None:
             args = (instance, *args)
         ignored = attributes.ignored_keywords  # keywords a framework adds (Ray's tracing): no model argument
         if ignored and not ignored.isdisjoint(kwargs):

@@ -366,7 +366,8 @@ def test_what_the_handler_says_of_a_spec_or_a_clearing_that_fails_is_said_whole_
     errors = iter([RuntimeError("boom"), ValueError("bad value"), RuntimeError("boom again")])
 
     class Holder:
-        chunks: list = []
+        def __init__(self) -> None:
+            self.chunks: list = []
 
         def get_models(self) -> list:
             raise next(errors)
@@ -403,3 +404,88 @@ def test_what_the_handler_says_of_a_spec_or_a_clearing_that_fails_is_said_whole_
     ]
     assert left_alone == {f"refused-{run}": {not_called: 2}}, left_alone
     assert (failed.failed, failed.failed_why) == (3, "RuntimeError: boom again"), failed
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "aliased_offload:offload@models"})
+def test_a_function_target_that_a_class_holds_as_a_method_is_read_as_the_call_it_gets(tmp_path: Any) -> None:
+    """A patched module-level function that a class takes as an attribute after the patch (`offload
+    = module.offload` in its body) is a method of that class: called on an instance, the function
+    gets the instance first, and the shim reads the call so, finding the models where they are."""
+    import sys
+
+    import torch
+
+    (tmp_path / "aliased_offload.py").write_text("def offload(worker, models):\n    return worker.name\n")
+    sys.path.insert(0, str(tmp_path))
+    import aliased_offload  # type: ignore[import-not-found]
+
+    import te_offload_shim as shim
+
+    class Worker:
+        name = "worker"
+        offload = aliased_offload.offload
+
+    layer = cached_layer()
+    assert Worker().offload([torch.nn.Sequential(layer)]) == "worker"
+    assert layer._fp8_workspaces == {}, "cleared"
+    assert shim.stats()["by_target"]["aliased_offload:offload"]["entries"] == 1
+
+
+def test_the_spec_of_a_method_or_a_class_method_counts_the_arguments_after_self_or_cls() -> None:
+    """`arg0` is the first argument after `self` for a method, after `cls` for a class method: wrapt
+    hands over the instance (the class), and the handler reads the call as the function gets it."""
+    import inspect
+
+    import torch
+
+    from te_offload_shim.engine.handler import Handler
+    from te_offload_shim.engine.registry import Record
+    from te_offload_shim.engine.schema import Target
+
+    class Engine:
+        def offload(self, models: list) -> str:
+            return "method"
+
+        @classmethod
+        def class_offload(cls, models: list) -> str:
+            return "class method"
+
+    for binding, function, instance in (
+        ("method", Engine.offload, Engine()),
+        ("classmethod", vars(Engine)["class_offload"].__func__, Engine),
+    ):
+        target = Target(binding, __name__, f"Engine.{function.__name__}", "arg0")
+        record = Record("target", Engine, function.__name__, function)
+        handler = Handler(target, inspect.signature(function), binding, record)
+        layer = cached_layer()
+        bound = getattr(instance, function.__name__)
+        assert handler(bound, instance, ([torch.nn.Sequential(layer)],), {}) == bound([])
+        assert layer._fp8_workspaces == {}, f"the {binding}'s models found"
+
+
+def test_a_keyword_a_framework_adds_is_passed_over_and_no_other_keyword_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A keyword a framework adds to every call (Ray's tracing context) is no argument of the
+    function: the handler reads the call without it, models passed by keyword included. Any other
+    keyword the function does not take makes the call one that does not bind: the original raises
+    its own TypeError, and the shim clears nothing of it."""
+    import torch
+
+    from te_offload_shim.engine import attributes
+
+    monkeypatch.setattr(attributes, "ignored_keywords", frozenset({"_ray_trace_ctx"}))
+
+    def offload(models: list) -> str:
+        return "offloaded"
+
+    def traced(models: list, _ray_trace_ctx: Any = None) -> str:  # what the framework's wrapping calls
+        return offload(models)
+
+    handler = _handler("ray-keyword", offload)
+    layer = cached_layer()
+    call = {"models": [torch.nn.Sequential(layer)], "_ray_trace_ctx": {}}
+    assert handler(traced, None, (), call) == "offloaded"
+    assert layer._fp8_workspaces == {}, "cleared: the models were found by keyword"
+    layer = cached_layer()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'wrong'"):
+        handler(traced, None, ([torch.nn.Sequential(layer)],), {"_ray_trace_ctx": {}, "wrong": 1})
+    assert layer._fp8_workspaces, "a call that does not bind: nothing cleared"
