@@ -370,20 +370,51 @@ def test_a_failing_net_warns_once_and_the_flush_runs_and_strict_mode_raises(capl
     from te_offload_shim.te import caches
 
     _layer, calls = net_case.offloaded_under_a_recording_flush()  # held: the net knows it by a weak reference
+    errors = [RuntimeError("the net's own bug"), RuntimeError("the net's own bug"), ValueError("another bug")]
 
     def broken(layers: list[Any], **_: Any) -> Any:
-        raise RuntimeError("the net's own bug")
+        raise errors.pop(0) if errors else RuntimeError("the net's own bug")
 
     caches.clear_layers = broken  # type: ignore[assignment]
-    assert _cuda().empty_cache() == "flushed" and _cuda().empty_cache() == "flushed"
-    assert calls == [1, 1]
+    assert [_cuda().empty_cache() for _ in range(3)] == ["flushed"] * 3
+    assert calls == [1, 1, 1]
     assert [r.getMessage() for r in caplog.records if "flush net failed" in r.getMessage()] == [
-        "the flush net failed (RuntimeError: the net's own bug); the flush goes on without it"
-    ]
-    assert te_offload_shim.stats()["net"]["errors"] == 2
+        "the flush net failed (RuntimeError: the net's own bug); the flush goes on without it",
+        "the flush net failed (ValueError: another bug); the flush goes on without it",
+    ], "once per kind of failure"
+    assert te_offload_shim.stats()["net"]["errors"] == 3
     os.environ["TE_OFFLOAD_SHIM_STRICT"] = "1"
     with pytest.raises(RuntimeError, match="the net's own bug"):
         torch.cuda.empty_cache()
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_in_strict_mode_a_cache_the_net_cannot_read_raises_out_of_the_flush_once_it_is_cleared() -> None:
+    """Strict mode (`TE_OFFLOAD_SHIM_STRICT=1`, read at each flush) reaches the net's clearing: an
+    entry it cannot account for raises `ShimError` out of the flush once the layer is cleared;
+    without strict mode the same flush clears, warns and runs."""
+    import os
+
+    import torch
+    from support import net_case
+
+    from te_offload_shim.te.caches import ShimError
+
+    class Unreadable:
+        """A workspace value whose accounting raises (a TE class from a future release, say)."""
+
+        @property
+        def _data(self) -> Any:
+            raise RuntimeError("unreadable")
+
+    layer, calls = net_case.offloaded_under_a_recording_flush()
+    layer._fp8_workspaces["weight"] = Unreadable()
+    assert _cuda().empty_cache() == "flushed" and layer._fp8_workspaces == {}
+    layer._fp8_workspaces["weight"] = Unreadable()
+    os.environ["TE_OFFLOAD_SHIM_STRICT"] = "1"
+    with pytest.raises(ShimError, match="unreadable"):
+        torch.cuda.empty_cache()
+    assert layer._fp8_workspaces == {} and calls == [1], "cleared first; the flush itself did not run"
 
 
 @pytest.mark.subprocess(env=NO_TABLE)
