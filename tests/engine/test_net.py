@@ -286,6 +286,48 @@ def test_uninstall_puts_back_exactly_the_flush_functions_their_aliases_and_tes_c
     assert net_case.entries(layer) == 1
 
 
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_arming_again_wraps_no_flush_twice_and_passes_over_an_entry_it_cannot_wrap() -> None:
+    """The flush functions the net wraps are data (integrations/flush.py): an entry naming a module
+    that is not loaded, or an attribute that is no function, is passed over and the others are
+    wrapped. Arming again (TE's base module imported afresh) wraps no flush a second time."""
+    import torch
+    from support import net_case
+
+    from te_offload_shim.engine import net
+    from te_offload_shim.integrations import flush
+
+    net_case.install_device()
+    net_case.load()
+    base = sys.modules["transformer_engine.pytorch.module.base"]
+    wrapped, memory_wrapped = torch.cuda.empty_cache, vars(torch.cuda.memory)["empty_cache"]
+    torch.cuda.not_a_flush = "a setting"  # type: ignore[attr-defined]
+    odd = (("no_such_module", "empty_cache"), ("torch.cuda", "not_a_flush"))
+    assert net.arm(base, flush.TE_BASE_CLASS, flush.FLUSHES + odd, te_ready=True) == "armed"
+    assert torch.cuda.empty_cache is wrapped and vars(torch.cuda.memory)["empty_cache"] is memory_wrapped, "once"
+    assert torch.cuda.not_a_flush == "a setting"  # type: ignore[attr-defined]
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_with_no_flush_function_to_wrap_the_nets_row_says_so() -> None:
+    """Flush attributes that are no functions (an application's or a stand-in's setting) are not
+    wrapped: the net is not armed, and its row says why."""
+    import torch
+    from support import net_case
+
+    import te_offload_shim
+
+    net_case.install_device()
+    torch.cuda.empty_cache = torch.cuda.memory.empty_cache = "off"  # type: ignore[assignment]
+    net_case.load()
+    assert torch.cuda.empty_cache == vars(torch.cuda.memory)["empty_cache"] == "off"
+    row = te_offload_shim.status()["net"]
+    assert (row["state"], row["detail"]) == (
+        "error",
+        "no flush function to wrap: torch.cuda.empty_cache, torch.cuda.memory.empty_cache",
+    ), row
+
+
 @pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "shim_targets:offload"})
 def test_a_flush_after_a_table_target_cleared_finds_nothing_and_says_nothing(
     caplog: pytest.LogCaptureFixture,
