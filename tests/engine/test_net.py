@@ -277,7 +277,7 @@ def test_uninstall_puts_back_exactly_the_flush_functions_their_aliases_and_tes_c
     te_offload_shim.uninstall()
     assert torch.cuda.empty_cache is twin_flush
     assert vars(torch.cuda.memory)["empty_cache"] is torch_flush and flush_alias.empty_cache is torch_flush
-    assert vars(base)["__init__"] is hooked_init.__wrapped__
+    assert vars(base)["__init__"] is hooked_init.__wrapped__ and "__setstate__" not in vars(base)
     net = te_offload_shim.status()["net"]
     assert (net["state"], net["detail"]) == ("not armed", "uninstalled"), net
     layer = net_case.cached_linear(te)
@@ -301,11 +301,50 @@ def test_arming_again_wraps_no_flush_twice_and_passes_over_an_entry_it_cannot_wr
     net_case.load()
     base = sys.modules["transformer_engine.pytorch.module.base"]
     wrapped, memory_wrapped = torch.cuda.empty_cache, vars(torch.cuda.memory)["empty_cache"]
+    hooked = {name: vars(base.TransformerEngineBaseModule)[name] for name in ("__init__", "__setstate__")}
     torch.cuda.not_a_flush = "a setting"  # type: ignore[attr-defined]
     odd = (("no_such_module", "empty_cache"), ("torch.cuda", "not_a_flush"))
     assert net.arm(base, flush.TE_BASE_CLASS, flush.FLUSHES + odd, te_ready=True) == "armed"
     assert torch.cuda.empty_cache is wrapped and vars(torch.cuda.memory)["empty_cache"] is memory_wrapped, "once"
     assert torch.cuda.not_a_flush == "a setting"  # type: ignore[attr-defined]
+    assert {name: vars(base.TransformerEngineBaseModule)[name] for name in hooked} == hooked, "TE's class once"
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
+def test_a_second_base_class_is_hooked_too_and_its_own_setstate_still_runs() -> None:
+    """A base class the net has not hooked yet (TE's base module imported afresh makes a new one) is
+    hooked beside the first; where the class defines its own `__setstate__` (TE 1.x - 2.20's does
+    not), the net's runs it, then notes the layer made without `__init__`."""
+    import copy
+    import types
+
+    import torch
+    from support import net_case
+
+    from te_offload_shim.engine import net
+    from te_offload_shim.integrations import flush
+    from te_offload_shim.te import layers
+
+    net_case.install_device()
+    net_case.load()
+    restored = []
+
+    class Base(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+
+        def __setstate__(self, state: dict) -> None:
+            restored.append(state)
+            super().__setstate__(state)
+
+    module = types.ModuleType("afresh")
+    module.Base = Base  # type: ignore[attr-defined]
+    assert net.arm(module, "Base", flush.FLUSHES, te_ready=False) == "armed"
+    built = Base()
+    made = copy.deepcopy(built)
+    assert len(restored) == 1, "the class's own __setstate__ ran"
+    noted = [ref() for ref in layers.entries()]
+    assert any(layer is built for layer in noted) and any(layer is made for layer in noted), noted
 
 
 @pytest.mark.subprocess(env=NO_TABLE)
