@@ -356,8 +356,9 @@ def test_what_the_handler_says_of_a_spec_or_a_clearing_that_fails_is_said_whole_
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Word for word: a user's spec that finds nothing, a spec's call refused (a built-in), and a
-    clearing that fails, each said once per target and kind (a second kind of failure is said too),
-    and each failure counted for its target with the last one's `Type: message`."""
+    clearing that fails, each said once per target and kind (another target's, and a second kind
+    of failure, are said too), and each failure counted for its target with the last one's
+    `Type: message`."""
     import uuid
 
     from te_offload_shim.engine import stats
@@ -375,16 +376,17 @@ def test_what_the_handler_says_of_a_spec_or_a_clearing_that_fails_is_said_whole_
     def offload(holder: Holder) -> str:
         return "offloaded"
 
-    missing, refused, failing = (
+    missing, also_missing, refused, failing = (
         _handler(f"missing-{run}", offload, "holder.model"),
+        _handler(f"also-missing-{run}", offload, "holder.models"),
         _handler(f"refused-{run}", offload, "holder.chunks.copy()"),
         _handler(f"failing-{run}", offload, "holder.get_models()"),
     )
-    missing.target.user = True  # a spec of the user's own is the one that must not stay silent
+    missing.target.user = also_missing.target.user = True  # a spec of the user's own must not stay silent
     stats.reset()
     try:
         with caplog.at_level(logging.WARNING, logger="te_offload_shim"):
-            for handler in (missing, missing, refused, refused, failing, failing, failing):
+            for handler in (missing, missing, also_missing, refused, refused, failing, failing, failing):
                 assert handler(offload, None, (Holder(),), {}) == "offloaded"
         left_alone = stats.counts()["left_alone"]
         failed = stats.snapshot().targets[f"failing-{run}"]  # what the target's status row says
@@ -397,6 +399,8 @@ def test_what_the_handler_says_of_a_spec_or_a_clearing_that_fails_is_said_whole_
     )
     assert [r.getMessage() for r in caplog.records] == [  # the logger's name stands for the "te_offload_shim: "
         f"{path}: models spec 'holder.model' finds nothing (Holder has no attribute 'model'); "
+        "nothing is cleared at this call",
+        f"{path}: models spec 'holder.models' finds nothing (Holder has no attribute 'models'); "
         "nothing is cleared at this call",
         f"{path}: {not_called}",
         f"{path}: clearing FP8 caches failed (RuntimeError: boom); the offload goes on without it",
