@@ -348,6 +348,42 @@ def test_a_second_base_class_is_hooked_too_and_its_own_setstate_still_runs() -> 
 
 
 @pytest.mark.subprocess(env=NO_TABLE)
+def test_each_way_the_net_arms_or_not_is_said_in_its_row_word_for_word(caplog: pytest.LogCaptureFixture) -> None:
+    """The net's row (`status()["net"]`) says how its arming went: armed and what it wraps; TE's
+    module without its base class; an arming that failed (warned about once); switched off when TE
+    was imported; and the shim not installed (uninstalled before the arming ran)."""
+    from support import net_case
+
+    import te_offload_shim
+    from te_offload_shim.engine import net
+    from te_offload_shim.integrations import flush
+
+    def row() -> tuple[str, str]:
+        said = te_offload_shim.status()["net"]
+        return said["state"], said["detail"]
+
+    net_case.install_device()
+    net_case.load()
+    base = sys.modules["transformer_engine.pytorch.module.base"]
+    assert row() == ("armed", "wraps torch.cuda.empty_cache, torch.cuda.memory.empty_cache")
+    assert net.arm(base, "NoSuchClass", flush.FLUSHES, te_ready=True) == "error"
+    assert row() == ("error", f"{base.__name__} has no class NoSuchClass: no layer can be found")
+    with caplog.at_level(logging.WARNING, logger="te_offload_shim"):
+        for _ in range(2):
+            assert net.arm(object(), flush.TE_BASE_CLASS, flush.FLUSHES, te_ready=True) == "error"
+    why = "vars() argument must have __dict__ attribute"
+    assert row() == ("error", f"arming failed: TypeError: {why}")
+    assert [r.getMessage() for r in caplog.records] == [f"the flush net could not be armed: TypeError: {why}"], "once"
+    os.environ["TE_OFFLOAD_SHIM_NET"] = "0"
+    assert net.arm(base, flush.TE_BASE_CLASS, flush.FLUSHES, te_ready=True) == "off"
+    assert row() == ("off", "TE_OFFLOAD_SHIM_NET=0 when TE was imported: torch's flush is left as it is")
+    del os.environ["TE_OFFLOAD_SHIM_NET"]
+    te_offload_shim.uninstall()
+    assert net.arm(base, flush.TE_BASE_CLASS, flush.FLUSHES, te_ready=True) == "not armed"
+    assert row() == ("not armed", "the shim is not installed")
+
+
+@pytest.mark.subprocess(env=NO_TABLE)
 def test_with_no_flush_function_to_wrap_the_nets_row_says_so() -> None:
     """Flush attributes that are no functions (an application's or a stand-in's setting) are not
     wrapped: the net is not armed, and its row says why."""

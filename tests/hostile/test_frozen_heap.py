@@ -126,9 +126,11 @@ def test_the_net_armed_after_gc_freeze_says_what_it_did_not_search(
     frozen = row["frozen_not_searched"]
     assert row["state"] == "armed" and 0 < frozen <= frozen_before, row  # a frozen object may have died since
     assert shim.stats()["net"]["frozen_not_searched"] == frozen
-    message = said[0].getMessage()
-    assert f"{frozen} objects frozen" in message and "import the shim at start-up" in message.lower(), message
-    assert "docs/cluster.md" in message, message
+    assert said[0].getMessage() == (  # word for word (the logger's name stands for the "te_offload_shim: ")
+        f"{frozen} objects frozen by gc.freeze() were not searched for TE layers: a layer built before the shim "
+        "was imported may keep its FP8 caches through an offload. Import the shim at start-up, before the heap "
+        "is frozen (every route of docs/cluster.md does)"
+    )
     capsys.readouterr()
     cli.main(["status"])
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("flush net:")]
