@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Mutation testing with mutmut (docs/testing.md#mutation-testing); not part of CI.
 #   scripts/mutation.sh [FILE...]   e.g. scripts/mutation.sh te_offload_shim/_hook.py
+#   scripts/mutation.sh FILE -- MUTANT...   only the mutants named (mutmut's names, * as a wildcard):
+#                                   a run stopped part-way is finished without checking again what it checked
+# MUTATION_CHILDREN=N runs N mutants at once (default 1: timing-sensitive tests stay unloaded).
 # Each file named (default: every file of pyproject.toml's [tool.te-offload-shim.mutation]) is run
 # on its own, one mutant at a time, against its own tests there: mutmut runs each mutant against
 # those of them that reached the mutated function (the interpreters they start included:
@@ -18,7 +21,16 @@ if ! "$PY" -c "import mutmut, sys; sys.exit(mutmut.__version__ != '$MUTMUT_VERSI
   "$PY" -m pip install -q "mutmut==$MUTMUT_VERSION"
 fi
 mapfile -t configured < <("$PY" -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["tool"]["te-offload-shim"]["mutation"], sep="\n")')
-files=("$@")
+files=() names=()
+while [[ $# -gt 0 && $1 != -- ]]; do files+=("$1"); shift; done
+if [[ $# -gt 0 ]]; then
+  shift
+  names=("$@")
+  if [[ ${#files[@]} -ne 1 || ${#names[@]} -eq 0 ]]; then
+    echo "mutation.sh: mutants are named for one file: scripts/mutation.sh FILE -- MUTANT..." >&2
+    exit 2
+  fi
+fi
 [[ ${#files[@]} -gt 0 ]] || files=("${configured[@]}")
 for file in "${files[@]}"; do
   if ! printf '%s\n' "${configured[@]}" | grep -qxF "$file"; then
@@ -53,7 +65,7 @@ EOF
   start=$SECONDS
   # Its own process group: what a stopped mutant's run leaves running (a child interpreter stuck on
   # a mutant's deadlock) is ended with it.
-  (cd "$work" && exec setsid "$ROOT/.venv/bin/mutmut" run --max-children 1 > mutants/run.log 2>&1) &
+  (cd "$work" && exec setsid "$ROOT/.venv/bin/mutmut" run --max-children "${MUTATION_CHILDREN:-1}" "${names[@]}" > mutants/run.log 2>&1) &
   run_pid=$!
   rc=0
   wait "$run_pid" || rc=$?
@@ -80,14 +92,15 @@ KINDS |= {24: "timeout", 152: "timeout", 255: "timeout", None: "not checked"}
 named = set(re.findall(r"`([\w.ǁ]+__mutmut_\d+)`", Path("docs/testing.md").read_text()))
 codes = json.loads((work / "mutants" / (file + ".meta")).read_text())["exit_code_by_key"]
 kinds = {key: KINDS.get(code, f"other ({code})") for key, code in codes.items()}
-count = {k: sum(1 for v in kinds.values() if v == k) for k in ("killed", "timeout", "survived", "no tests")}
+count = {k: sum(1 for v in kinds.values() if v == k) for k in ("killed", "timeout", "survived", "no tests", "not checked")}
 other = len(kinds) - sum(count.values())
 caught = count["killed"] + count["timeout"]
+checked = len(kinds) - count["not checked"]
 print(f"--- {file}: {len(kinds)} mutants in {elapsed // 60} min {elapsed % 60} s: {count['killed']} killed, "
-      f"{count['timeout']} timeout, {count['survived']} survived, {count['no tests']} no tests, {other} other; "
-      f"score {caught / len(kinds):.1%}")
+      f"{count['timeout']} timeout, {count['survived']} survived, {count['no tests']} no tests, {other} other, "
+      f"{count['not checked']} not checked (not named); score {caught / max(checked, 1):.1%} of those checked")
 for key, kind in sorted(kinds.items()):
-    if kind not in ("killed", "timeout"):
+    if kind not in ("killed", "timeout", "not checked"):
         said = " (named in docs/testing.md)" if key in named else ""
         print(f"    {kind}: {key}{said}")
 print(f"    (a mutant's change: cd {work} && ../../.venv/bin/mutmut show NAME)")
