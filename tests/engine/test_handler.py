@@ -493,3 +493,30 @@ def test_a_keyword_a_framework_adds_is_passed_over_and_no_other_keyword_is(monke
     with pytest.raises(TypeError, match="unexpected keyword argument 'wrong'"):
         handler(traced, None, ([torch.nn.Sequential(layer)],), {"_ray_trace_ctx": {}, "wrong": 1})
     assert layer._fp8_workspaces, "a call that does not bind: nothing cleared"
+
+
+@pytest.mark.subprocess(env={"TE_OFFLOAD_SHIM_TARGETS": "shim_targets:Engine.offload@arg0"})
+def test_a_ray_actors_copy_of_a_method_is_read_as_the_method_is() -> None:
+    """A `@ray.remote` class runs copies of its inherited methods (Ray's tracing closure); the
+    handler the shim puts on such a copy reads the call as the method's own does: `arg0` is the
+    first argument after `self` there too."""
+    import functools
+
+    import torch
+
+    from te_offload_shim.integrations import ray as ray_actors
+
+    use_targets()
+    import shim_targets
+
+    original = vars(shim_targets.Engine)["offload"].__wrapped__
+
+    @functools.wraps(original)
+    def traced_copy(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
+        return original(self, *args, **kwargs)
+
+    actor_class = type("ActorClass(Engine)", (shim_targets.Engine,), {"offload": traced_copy})
+    assert ray_actors.patch_copies(actor_class) == 1
+    layer = cached_layer()
+    assert actor_class().offload([torch.nn.Sequential(layer)]) == "method"
+    assert layer._fp8_workspaces == {}, "the copy's call found its models"
