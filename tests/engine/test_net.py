@@ -383,6 +383,32 @@ def test_each_way_the_net_arms_or_not_is_said_in_its_row_word_for_word(caplog: p
     assert row() == ("not armed", "the shim is not installed")
 
 
+@pytest.mark.subprocess(env=NO_TABLE, fresh=True)
+def test_the_net_arms_where_torchdynamo_is_not_loaded_and_loads_it_not() -> None:
+    """`import torch` does not load TorchDynamo, and a TE release or stand-in may not either: the
+    net arms all the same (its check is then not kept out of tracing: there is no tracer), its
+    flush runs, and it imports nothing the application did not."""
+    import types
+
+    import torch
+
+    import te_offload_shim
+    from te_offload_shim.engine import net
+    from te_offload_shim.integrations import flush
+
+    assert "torch._dynamo" not in sys.modules, "precondition: torch imported without TorchDynamo"
+
+    class Base(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+
+    module = types.ModuleType("no_dynamo")
+    module.Base = Base  # type: ignore[attr-defined]
+    assert net.arm(module, "Base", flush.FLUSHES, te_ready=False) == "armed"
+    assert torch.cuda.empty_cache() is None and te_offload_shim.stats()["net"]["flushes"] == 1
+    assert "torch._dynamo" not in sys.modules
+
+
 @pytest.mark.subprocess(env=NO_TABLE)
 def test_with_no_flush_function_to_wrap_the_nets_row_says_so() -> None:
     """Flush attributes that are no functions (an application's or a stand-in's setting) are not
