@@ -405,7 +405,8 @@ def test_the_net_arms_where_torchdynamo_is_not_loaded_and_loads_it_not() -> None
     module = types.ModuleType("no_dynamo")
     module.Base = Base  # type: ignore[attr-defined]
     assert net.arm(module, "Base", flush.FLUSHES, te_ready=False) == "armed"
-    assert torch.cuda.empty_cache() is None and te_offload_shim.stats()["net"]["flushes"] == 1
+    torch.cuda.empty_cache()
+    assert te_offload_shim.stats()["net"]["flushes"] == 1, "the net saw the flush"
     assert "torch._dynamo" not in sys.modules
 
 
