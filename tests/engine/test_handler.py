@@ -500,22 +500,15 @@ def test_a_ray_actors_copy_of_a_method_is_read_as_the_method_is() -> None:
     """A `@ray.remote` class runs copies of its inherited methods (Ray's tracing closure); the
     handler the shim puts on such a copy reads the call as the method's own does: `arg0` is the
     first argument after `self` there too."""
-    import functools
-
     import torch
+    from support.ray_copies import actor_class_with_a_traced_copy
 
     from te_offload_shim.integrations import ray as ray_actors
 
     use_targets()
     import shim_targets
 
-    original = vars(shim_targets.Engine)["offload"].__wrapped__
-
-    @functools.wraps(original)
-    def traced_copy(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
-        return original(self, *args, **kwargs)
-
-    actor_class = type("ActorClass(Engine)", (shim_targets.Engine,), {"offload": traced_copy})
+    actor_class, _ = actor_class_with_a_traced_copy(shim_targets.Engine, "offload")
     assert ray_actors.patch_copies(actor_class) == 1
     layer = cached_layer()
     assert actor_class().offload([torch.nn.Sequential(layer)]) == "method"

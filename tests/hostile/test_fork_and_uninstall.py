@@ -108,6 +108,8 @@ def test_uninstall_disarms_a_wrapper_that_something_wrapped_again() -> None:
 def test_uninstall_restores_the_ray_actor_method_copies() -> None:
     """Scenario 9: a @ray.remote class runs copies of its methods (wrapped in Ray's tracing
     closure); the copies the shim wrapped in the worker are unwrapped by uninstall() too."""
+    from support.ray_copies import actor_class_with_a_traced_copy
+
     import te_offload_shim
     from te_offload_shim.engine.patch import shim_layers
     from te_offload_shim.integrations import ray as ray_actors
@@ -115,13 +117,7 @@ def test_uninstall_restores_the_ray_actor_method_copies() -> None:
     use_targets()
     import shim_targets as t
 
-    original = vars(t.Engine)["offload"].__wrapped__
-
-    @functools.wraps(original)
-    def traced_copy(self: Any, *args: Any, _ray_trace_ctx: Any = None, **kwargs: Any) -> Any:
-        return original(self, *args, **kwargs)
-
-    actor_class = type("ActorClass(Engine)", (t.Engine,), {"offload": traced_copy})
+    actor_class, traced_copy = actor_class_with_a_traced_copy(t.Engine, "offload")
     assert ray_actors.patch_copies(actor_class) == 1
     assert shim_layers(vars(actor_class)["offload"]) == 1
     layer = cached_layer()
