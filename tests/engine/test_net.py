@@ -374,6 +374,10 @@ def test_each_way_the_net_arms_or_not_is_said_in_its_row_word_for_word(caplog: p
     why = "vars() argument must have __dict__ attribute"
     assert row() == ("error", f"arming failed: TypeError: {why}")
     assert [r.getMessage() for r in caplog.records] == [f"the flush net could not be armed: TypeError: {why}"], "once"
+    os.environ["TE_OFFLOAD_SHIM_STRICT"] = "1"  # strict mode: the arming's own error, raised
+    with pytest.raises(TypeError, match=r"vars\(\) argument"):
+        net.arm(object(), flush.TE_BASE_CLASS, flush.FLUSHES, te_ready=True)
+    del os.environ["TE_OFFLOAD_SHIM_STRICT"]
     os.environ["TE_OFFLOAD_SHIM_NET"] = "0"
     assert net.arm(base, flush.TE_BASE_CLASS, flush.FLUSHES, te_ready=True) == "off"
     assert row() == ("off", "TE_OFFLOAD_SHIM_NET=0 when TE was imported: torch's flush is left as it is")
